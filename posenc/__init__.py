@@ -1,0 +1,35 @@
+"""posenc: positional encodings for Transformers, exact and fast.
+
+Public names are re-exported lazily (PEP 562 module ``__getattr__``), so ``import posenc`` stays
+cheap and importing a framework-free part (``posenc.core``) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "sinusoidal_table": "posenc.functional",
+    "sinusoidal_encoding": "posenc.functional",
+    "positions_from_mask": "posenc.functional",
+    "SinusoidalEncoding": "posenc.nn",
+    "LearnedPositionalEmbedding": "posenc.nn",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'posenc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,7 @@
+"""``python -m posenc``."""
+
+import sys
+
+from posenc.cli import main
+
+sys.exit(main())

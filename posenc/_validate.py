@@ -1,0 +1,44 @@
+"""Argument checks shared by every layer of posenc.
+
+Each check raises :class:`TypeError` or :class:`ValueError` with a message that names the argument,
+shows the bad value and says how to fix it.  Library code never uses ``assert`` for user input.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """Return ``value`` as an int, rejecting bools, floats and values below ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}); pass a whole number")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}; pass an int >= {minimum}")
+    return value
+
+
+def check_float(name: str, value: Any, *, positive: bool = False, minimum: float | None = None) -> float:
+    """Return ``value`` as a finite float, optionally requiring ``> 0`` or ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}; pass a positive number")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``; never fall back silently."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+    return value

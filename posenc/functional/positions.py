@@ -1,0 +1,50 @@
+"""Per-token positions for padded batches."""
+
+from __future__ import annotations
+
+import torch
+
+from posenc import _validate
+
+__all__ = ["positions_from_mask"]
+
+
+def positions_from_mask(mask: torch.Tensor, *, offset: int | torch.Tensor = 0) -> torch.Tensor:
+    """Positions of the real tokens in a padded batch.
+
+    Real tokens (``mask`` true/nonzero) are numbered ``offset, offset + 1, ...`` from left to right in
+    each row, whatever padding comes before them, so a left-padded row gets the same positions as
+    the unpadded sequence.  Padding tokens get position ``0`` (a valid index for every table; their
+    outputs are meant to be masked out of attention anyway).
+
+    Args:
+        mask: ``(B, S)`` bool or integer tensor, nonzero for real tokens.
+        offset: first position of each row: an int or a ``(B,)`` integer tensor (e.g. the number of
+            tokens already in a KV cache).
+
+    Returns:
+        ``(B, S)`` int64 positions.
+
+    Examples:
+        >>> positions_from_mask(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]]))
+        tensor([[0, 0, 0, 1, 2],
+                [0, 1, 2, 3, 0]])
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor of shape (B, S), got {type(mask).__name__}")
+    if mask.dim() != 2:
+        raise ValueError(f"mask must have shape (B, S), got shape {tuple(mask.shape)}; add a batch dim with mask[None]")
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise TypeError(f"mask must be bool or integer, got dtype {mask.dtype}; use mask.bool()")
+    real = mask != 0                                            # (B, S)
+    pos = torch.cumsum(real, dim=-1, dtype=torch.int64) - 1     # (B, S)
+    if isinstance(offset, torch.Tensor):
+        if offset.dtype.is_floating_point or offset.shape not in ((), (mask.shape[0],)):
+            raise ValueError(
+                f"offset must be an int or an integer tensor of shape ({mask.shape[0]},), "
+                f"got dtype {offset.dtype} shape {tuple(offset.shape)}"
+            )
+        pos = pos + offset.to(torch.int64).reshape(-1, 1)
+    else:
+        pos = pos + _validate.check_int("offset", offset)
+    return torch.where(real, pos, torch.zeros_like(pos))

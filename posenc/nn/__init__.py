@@ -1,0 +1,6 @@
+"""Thin ``torch.nn`` modules over :mod:`posenc.functional`."""
+
+from posenc.nn.learned import LearnedPositionalEmbedding
+from posenc.nn.sinusoidal import SinusoidalEncoding
+
+__all__ = ["LearnedPositionalEmbedding", "SinusoidalEncoding"]

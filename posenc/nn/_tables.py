@@ -1,0 +1,37 @@
+"""Mixin for modules that hold deterministic tables (not public)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class TableModule(nn.Module):
+    """Keeps the precision of named buffers when the module is cast.
+
+    ``module.to(torch.bfloat16)`` (or ``.half()``, ``.double()``) would otherwise round exact tables
+    to the new dtype, the bug behind the precision failures in FAILURE_MODES.md A.1.  Buffers listed
+    in ``_table_buffers`` follow device moves (``.to(device)``, ``.cuda()``, ``to_empty``) but keep
+    their dtype.  After ``to_empty`` their contents are undefined: call ``reset_buffers()``.
+    """
+
+    _table_buffers: tuple[str, ...] = ()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True):  # type: ignore[override]
+        saved = {name: self._buffers.pop(name) for name in self._table_buffers if name in self._buffers}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, old in saved.items():
+                if old is None:
+                    self._buffers[name] = None
+                    continue
+                # Probe where ``fn`` sends a float tensor, then move without changing the dtype.
+                target = fn(torch.empty(0, device=old.device)).device
+                if old.is_meta and target.type != "meta":
+                    self._buffers[name] = torch.empty_like(old, device=target)
+                else:
+                    self._buffers[name] = old.to(device=target)
+        return self

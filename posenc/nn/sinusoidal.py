@@ -1,0 +1,201 @@
+"""``SinusoidalEncoding``: adds the fixed sinusoidal table to embeddings."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from posenc import _validate
+from posenc.core import exact as _exact_mod
+from posenc.core import sinusoidal as _core
+from posenc.functional._common import check_positions
+from posenc.nn._tables import TableModule
+
+__all__ = ["SinusoidalEncoding"]
+
+_HALF = {torch.bfloat16: "table_bfloat16", torch.float16: "table_float16"}
+
+
+class SinusoidalEncoding(TableModule):
+    r"""Adds the sinusoidal positional encoding to a sequence of embeddings.
+
+    ``forward(x)`` returns ``x * scale + PE[offset : offset + S]`` with
+    ``PE(p, 2i) = sin(p / base^(2i/D))`` and ``PE(p, 2i+1) = cos(p / base^(2i/D))``.
+    The paper multiplies the token embeddings by ``sqrt(d_model)`` before adding the encoding:
+    pass ``scale=math.sqrt(dim)`` for that (``scale`` multiplies ``x`` only, never the table).
+
+    The table of ``max_seq_len`` rows is built once, at construction, by :meth:`reset_buffers`, from
+    exact angles rounded once to float32 (or to ``dtype`` if that is float64), with bfloat16 and
+    float16 copies rounded once from the same exact values (so half-precision inputs add a table of
+    their own dtype, at full speed).  The tables are non-persistent buffers: they never enter
+    ``state_dict``, they follow ``.to(device)``, and ``.to(torch.bfloat16)`` does not lower their
+    precision.  Positions outside ``[0, max_seq_len)`` are computed exactly on the fly, without
+    changing the module; float64 inputs (with a float32 table) also take that path.
+
+    Args:
+        dim: number of features ``D`` (any ``D >= 1``).
+        max_seq_len: rows precomputed.
+        base: frequency base (10000 in the paper).
+        layout: ``"interleaved"`` (paper), ``"concat"`` or ``"tensor2tensor"``; see
+            :func:`posenc.functional.sinusoidal_encoding`.
+        scale: factor applied to ``x`` before the addition.
+        dropout: dropout probability applied to the sum (as in the paper), only in training mode.
+        device: device of the tables.
+        dtype: dtype of the main table, float32 (default) or float64.
+
+    Shape:
+        ``x``: ``(B, S, D)`` or ``(S, D)``; ``positions``: ``(S,)`` or ``(B, S)``; output: like ``x``.
+
+    Examples:
+        >>> enc = SinusoidalEncoding(6, max_seq_len=10)
+        >>> enc(torch.zeros(1, 2, 6))
+        tensor([[[0.0000, 1.0000, 0.0000, 1.0000, 0.0000, 1.0000],
+                 [0.8415, 0.5403, 0.0464, 0.9989, 0.0022, 1.0000]]])
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.5.
+    """
+
+    _table_buffers = ("table_main", "table_bfloat16", "table_float16", "turns")
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        max_seq_len: int = 2048,
+        base: float = 10000.0,
+        layout: str = "interleaved",
+        scale: float = 1.0,
+        dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = _validate.check_int("dim", dim, minimum=1)
+        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
+        self.base = _validate.check_float("base", base, positive=True)
+        self.layout = _validate.check_choice("layout", layout, _core.LAYOUTS)
+        self.scale = _validate.check_float("scale", scale)
+        self.dropout = _validate.check_float("dropout", dropout, minimum=0.0)
+        if self.dropout >= 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        dtype = torch.float32 if dtype is None else dtype
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(
+                f"dtype is the table's dtype and must be torch.float32 or torch.float64, got {dtype!r}; "
+                f"half-precision copies are kept automatically"
+            )
+        shape = (self.max_seq_len, self.dim)
+        self.register_buffer("table_main", torch.empty(shape, device=device, dtype=dtype), persistent=False)
+        for half, name in _HALF.items():
+            self.register_buffer(name, torch.empty(shape, device=device, dtype=half), persistent=False)
+        # Frequencies in turns, split for exact angles past the table (see posenc.core.exact).
+        n = _core.num_frequencies(self.dim, self.layout)
+        self.register_buffer("turns", torch.empty(4, n, device=device, dtype=torch.float64), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """(Re)build the tables in place, e.g. after construction on the meta device + ``to_empty``."""
+        device = self.table_main.device
+        if device.type == "meta":
+            return
+        with torch.no_grad():
+            self.turns.copy_(torch.from_numpy(_core.turns(self.dim, self.base, self.layout).copy()))
+            exact = self._exact(torch.arange(self.max_seq_len, device=device))  # (P, D) float64
+            for name in ("table_main", *_HALF.values()):
+                getattr(self, name).copy_(exact)                                # one rounding each
+
+    def _exact(self, positions: torch.Tensor) -> torch.Tensor:
+        """Float64 encoding of ``positions`` ``(...)`` -> ``(..., D)``, exact to ~2**-51 relative."""
+        with torch.autocast(device_type=positions.device.type, enabled=False):
+            s, c = _exact_mod.sin_cos(positions.to(torch.float64), self.turns, xp=torch)
+        return _core.assemble(s, c, self.dim, self.layout, xp=torch)
+
+    def table(self, length: int | None = None, *, offset: int = 0) -> torch.Tensor:
+        """The ``(length, D)`` table starting at position ``offset`` (default: all ``max_seq_len`` rows).
+
+        This is what the seeds' ``PositionalEncoding.forward()`` returns.
+        """
+        length = self.max_seq_len if length is None else _validate.check_int("length", length, minimum=0)
+        offset = _validate.check_int("offset", offset)
+        if 0 <= offset and offset + length <= self.max_seq_len:
+            return self.table_main[offset : offset + length]
+        positions = torch.arange(offset, offset + length, device=self.table_main.device)
+        return self._exact(positions).to(self.table_main.dtype)
+
+    def _encoding(self, x: torch.Tensor, positions: torch.Tensor | None, offset: int) -> torch.Tensor:
+        """The encoding to add to ``x``: ``(S, D)`` or ``(B, S, D)`` in ``x.dtype``."""
+        seq_len = x.shape[-2]
+        table = self.table_main if x.dtype == self.table_main.dtype else getattr(self, _HALF.get(x.dtype, ""), None)
+        if positions is None:
+            if table is not None and 0 <= offset and offset + seq_len <= self.max_seq_len:
+                return table[offset : offset + seq_len]                        # (S, D) view
+            positions = torch.arange(offset, offset + seq_len, device=x.device)
+        elif table is not None and not torch.compiler.is_compiling() and positions.numel() and (
+            0 <= int(positions.min()) and int(positions.max()) < self.max_seq_len
+        ):
+            return table[positions]                                            # (..., S, D) gather
+        return self._exact(positions).to(x.dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        offset: int = 0,
+        inplace: bool = False,
+    ) -> torch.Tensor:
+        """Return ``x * scale + PE`` (then dropout).
+
+        Args:
+            x: ``(B, S, D)`` or ``(S, D)`` floating tensor.
+            positions: optional integer positions ``(S,)`` or ``(B, S)`` (e.g. from
+                :func:`posenc.functional.positions_from_mask`); default ``offset + arange(S)``.
+            offset: first position when ``positions`` is None (decoding step by step).
+            inplace: add into ``x`` and return it (no output allocation: the fast path).  Needs
+                ``x`` not to be a leaf that requires grad.
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(
+                f"x must be a floating tensor, got dtype {x.dtype}; embed token ids first "
+                f"(e.g. nn.Embedding) or cast with x.float()"
+            )
+        if x.dim() not in (2, 3) or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"x must have shape (B, S, {self.dim}) or (S, {self.dim}), got {tuple(x.shape)}; "
+                f"the last dimension must equal dim={self.dim}"
+            )
+        offset = _validate.check_int("offset", offset)
+        if positions is not None:
+            check_positions("positions", positions)
+            if positions.shape[-1] != x.shape[-2] or positions.dim() > 2 or (
+                positions.dim() == 2 and (x.dim() != 3 or positions.shape[0] not in (1, x.shape[0]))
+            ):
+                raise ValueError(
+                    f"positions must have shape (S,) or (B, S) matching x {tuple(x.shape)}, "
+                    f"got {tuple(positions.shape)}"
+                )
+            if offset:
+                raise ValueError("pass either positions or offset, not both (add the offset to positions)")
+        pe = self._encoding(x, positions, offset)
+        grad_path = torch.is_grad_enabled() and x.requires_grad
+        if inplace:
+            if grad_path:
+                out = (x.mul_(self.scale) if self.scale != 1.0 else x).add_(pe)
+            else:
+                out = torch.add(pe, x, alpha=self.scale, out=x)               # one pass: pe + scale*x
+        elif grad_path or pe.dim() > x.dim():
+            out = torch.add(pe, x, alpha=self.scale) if self.scale != 1.0 else x + pe
+        else:
+            out = torch.add(pe, x, alpha=self.scale, out=torch.empty_like(x))
+        if self.dropout and self.training:
+            out = F.dropout(out, self.dropout, training=True, inplace=inplace)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.dim}, max_seq_len={self.max_seq_len}, base={self.base:g}, layout={self.layout!r}, "
+            f"scale={self.scale:g}, dropout={self.dropout:g}"
+        )

@@ -1,0 +1,55 @@
+"""Independent oracles written from the papers' formulas (mpmath at 200 bits, or float64 ``math``).
+
+Nothing here imports posenc: these are the references the tests compare posenc against.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import torch
+
+mpmath.mp.prec = 200
+
+
+def sinusoidal_mp(position: int, dim: int, base: float = 10000.0, layout: str = "interleaved") -> list:
+    """Row of the sinusoidal table as mpmath numbers (Vaswani et al. 2017, section 3.5)."""
+    b = mpmath.mpf(base)
+    if layout == "tensor2tensor":
+        h = dim // 2
+        inv = [mpmath.exp(-k * mpmath.log(b) / max(h - 1, 1)) for k in range(h)]
+        return [mpmath.sin(position * w) for w in inv] + [mpmath.cos(position * w) for w in inv] + [mpmath.mpf(0)] * (dim % 2)
+    row = []
+    for j in range(dim):
+        w = mpmath.power(b, -mpmath.mpf(2 * (j // 2)) / dim)
+        row.append(mpmath.sin(position * w) if j % 2 == 0 else mpmath.cos(position * w))
+    if layout == "concat":
+        row = row[0::2] + row[1::2]
+    return row
+
+
+def sinusoidal_f64(positions, dim: int, base: float = 10000.0) -> np.ndarray:
+    """Float64 interleaved table straight from the formula (accurate to ~1e-12 for small positions)."""
+    p = np.asarray(positions, dtype=np.float64)[:, None]
+    j = np.arange(dim)
+    angle = p / np.power(base, 2 * (j // 2) / dim)
+    return np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+
+
+def ulps(dtype: torch.dtype, truth: torch.Tensor) -> torch.Tensor:
+    """The gap between the two ``dtype`` numbers around each float64 ``truth`` (the larger side)."""
+    r = truth.to(dtype)
+    up = torch.nextafter(r, torch.full_like(r, float("inf"))).double()
+    dn = torch.nextafter(r, torch.full_like(r, float("-inf"))).double()
+    return torch.maximum(up - r.double(), r.double() - dn)
+
+
+def ulp_error(values: torch.Tensor, truth: list, dtype: torch.dtype) -> float:
+    """Largest ``|value - truth| / ulp(truth)`` in ``dtype``; ``truth`` a flat list of mpmath numbers.
+
+    The difference is taken in float64, whose own error (2**-53 relative) is negligible against the
+    ulp of float32, float16 or bfloat16.
+    """
+    t64 = torch.tensor([float(t) for t in truth], dtype=torch.float64)
+    v64 = values.detach().flatten().to(torch.float64)
+    return float(((v64 - t64).abs() / ulps(dtype, t64)).max())
