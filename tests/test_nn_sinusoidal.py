@@ -252,3 +252,61 @@ def test_bad_forward_input(call, err, match):
 def test_bad_constructor_arguments(kwargs, err, match):
     with pytest.raises(err, match=match):
         SinusoidalEncoding(**kwargs)
+
+
+def test_module_under_autocast_is_unchanged():
+    enc = SinusoidalEncoding(16, max_seq_len=8)
+    x = torch.randn(2, 5, 16)
+    plain = enc(x, offset=65536)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = enc(x, offset=65536)
+    assert torch.equal(plain, under)
+
+
+def test_checkpoints_with_a_stored_table_load_strictly():
+    # e.g. seed 001's PositionalEncoding registers a persistent 'positional_encodings' buffer.
+    model = torch.nn.Sequential(SinusoidalEncoding(6, max_seq_len=10))
+    legacy = {"0.positional_encodings": torch.zeros(1, 10, 6), "0.pe": torch.zeros(10, 6)}
+    model.load_state_dict(legacy, strict=True)
+    assert torch.equal(model[0].table(), sinusoidal_table(10, 6))   # the stored copy is ignored
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        model.load_state_dict({"0.something_else": torch.zeros(1)}, strict=True)
+
+
+def test_forward_within_the_table_never_rebuilds_it(monkeypatch):
+    from posenc.core import exact
+
+    calls = []
+    real = exact.sin_cos
+    monkeypatch.setattr(exact, "sin_cos", lambda *a, **k: calls.append(1) or real(*a, **k))
+    enc = SinusoidalEncoding(8, max_seq_len=64)
+    built = len(calls)
+    assert built == 1                      # once, at construction
+    x = torch.randn(2, 64, 8)
+    enc(x), enc(x[:, :10]), enc(x, positions=torch.arange(64)), enc(x[:, :3], offset=61)
+    assert len(calls) == built
+    enc(x[:, :3], offset=62)               # past the table: computed, once
+    assert len(calls) == built + 1
+
+
+def test_torch_export_matches_eager():
+    enc = SinusoidalEncoding(8, max_seq_len=32)
+    x = torch.randn(2, 10, 8)
+    exported = torch.export.export(enc, (x,))
+    assert torch.equal(exported.module()(x), enc(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_to_cuda_moves_every_table_and_keeps_dtypes():
+    enc = SinusoidalEncoding(64, max_seq_len=512).to("cuda", torch.bfloat16)
+    for name, buf in enc.named_buffers():
+        assert buf.device.type == "cuda", name
+    assert enc.table_main.dtype == torch.float32
+    x = torch.randn(2, 300, 64, device="cuda", dtype=torch.bfloat16)
+    out = enc(x)
+    assert out.device.type == "cuda" and out.dtype == torch.bfloat16
+    cpu = SinusoidalEncoding(64, max_seq_len=512)
+    assert torch.equal(out.cpu(), cpu(x.cpu()))
+    # the exact engine on the GPU, past the table, matches the CPU bit for bit in float32
+    far = enc(torch.zeros(1, 8, 64, device="cuda"), offset=10**6)
+    assert torch.equal(far.cpu(), cpu(torch.zeros(1, 8, 64), offset=10**6))

@@ -18,6 +18,15 @@ class TableModule(nn.Module):
     """
 
     _table_buffers: tuple[str, ...] = ()
+    #: State-dict keys that other implementations store for the same derived table (e.g. a
+    #: tutorial's persistent ``pe`` buffer); they are ignored on load, so such checkpoints load
+    #: with ``strict=True``.  Derived tables are recomputed, never loaded.
+    _ignored_state_keys: tuple[str, ...] = ()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        for key in (*self._ignored_state_keys, *self._table_buffers):
+            state_dict.pop(prefix + key, None)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True):  # type: ignore[override]
         saved = {name: self._buffers.pop(name) for name in self._table_buffers if name in self._buffers}

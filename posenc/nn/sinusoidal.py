@@ -29,7 +29,9 @@ class SinusoidalEncoding(TableModule):
     float16 copies rounded once from the same exact values (so half-precision inputs add a table of
     their own dtype, at full speed).  The tables are non-persistent buffers: they never enter
     ``state_dict``, they follow ``.to(device)``, and ``.to(torch.bfloat16)`` does not lower their
-    precision.  Positions outside ``[0, max_seq_len)`` are computed exactly on the fly, without
+    precision.  Checkpoints that stored such a table under a common name (``pe``,
+    ``positional_encodings``, fairseq's ``_float_tensor``) still load with ``strict=True``: the
+    stored copy is ignored.  Positions outside ``[0, max_seq_len)`` are computed exactly on the fly, without
     changing the module; float64 inputs (with a float32 table) also take that path.
 
     Args:
@@ -57,6 +59,8 @@ class SinusoidalEncoding(TableModule):
     """
 
     _table_buffers = ("table_main", "table_bfloat16", "table_float16", "turns")
+    # persistent table buffers of common implementations (seed 001, the PyTorch tutorial, fairseq)
+    _ignored_state_keys = ("pe", "positional_encodings", "positional_encoding", "_float_tensor")
 
     def __init__(
         self,

@@ -1,0 +1,72 @@
+"""The ``posenc`` command line."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from posenc.cli import main
+from posenc.functional import sinusoidal_table
+from tests.conftest import load_golden
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_format_prints_like_the_seeds(capsys):
+    code, out, err = run(capsys, "table", "--dim", "6", "--max-len", "10")
+    assert code == 0 and err == ""
+    assert out.rstrip("\n") == load_golden("seeds.json")["000"]["table_printed"]
+
+
+def test_json_format_round_trips_float32_values(capsys):
+    code, out, _ = run(capsys, "table", "--dim", "5", "--max-len", "4", "--offset", "100", "--layout", "concat", "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["offset"] == 100
+    assert torch.equal(torch.tensor(data["rows"], dtype=torch.float32), sinusoidal_table(4, 5, offset=100, layout="concat"))
+
+
+def test_csv_format(capsys):
+    code, out, _ = run(capsys, "table", "--dim", "4", "--max-len", "3", "--base", "100", "--format", "csv")
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0] == ["position", "d0", "d1", "d2", "d3"]
+    assert [int(r[0]) for r in rows[1:]] == [0, 1, 2]
+    assert float(rows[2][3]) == pytest.approx(0.0998334, abs=1e-6)   # sin(1 / 100**(2/4))
+
+
+def test_markdown_format(capsys):
+    code, out, _ = run(capsys, "table", "--dim", "2", "--max-len", "2", "--format", "markdown")
+    assert out.splitlines() == ["| position | d0 | d1 |", "|---:|---:|---:|", "| 0 | 0.0000 | 1.0000 |", "| 1 | 0.8415 | 0.5403 |"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["table", "--dim", "0", "--max-len", "3"], "dim must be >= 1, got 0"),
+        (["table", "--dim", "4", "--max-len", "-2"], "length must be >= 0, got -2"),
+        (["table", "--dim", "4", "--max-len", "3", "--base", "0"], "base must be > 0"),
+    ],
+)
+def test_bad_values_exit_2_with_a_message_on_stderr(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and message in err
+
+
+def test_unknown_layout_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["table", "--dim", "4", "--max-len", "3", "--layout", "sincos"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'sincos'" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "posenc", "table", "--dim", "2", "--max-len", "2", "--format", "json"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout)["rows"][1][0] == pytest.approx(0.841471, abs=1e-6)
