@@ -15,8 +15,23 @@ _EXPORTS = {
     "sinusoidal_table": "posenc.functional",
     "sinusoidal_encoding": "posenc.functional",
     "positions_from_mask": "posenc.functional",
+    "rope_inv_freq": "posenc.functional",
+    "rope_cos_sin": "posenc.functional",
+    "apply_rope": "posenc.functional",
+    "apply_rope_qk": "posenc.functional",
+    "layout_permutation": "posenc.functional",
+    "convert_rope_weight": "posenc.functional",
     "SinusoidalEncoding": "posenc.nn",
     "LearnedPositionalEmbedding": "posenc.nn",
+    "RotaryEmbedding": "posenc.nn",
+    "LinearScaling": "posenc.core.rope",
+    "NTKScaling": "posenc.core.rope",
+    "DynamicNTKScaling": "posenc.core.rope",
+    "YarnScaling": "posenc.core.rope",
+    "Llama3Scaling": "posenc.core.rope",
+    "LongRopeScaling": "posenc.core.rope",
+    "RopeScaling": "posenc.core.rope",
+    "rope_scaling_from_hf": "posenc.core.hf_config",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

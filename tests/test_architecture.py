@@ -11,9 +11,9 @@ import posenc
 
 ROOT = pathlib.Path(posenc.__file__).parent
 
-# layer -> posenc layers it may import
+# layer -> posenc layers it may import (_validate is plain Python, so core may share its checks)
 ALLOWED = {
-    "core": {"core"},
+    "core": {"core", "_validate"},
     "functional": {"core", "functional", "_validate"},
     "nn": {"core", "functional", "nn", "_validate"},
 }

@@ -1,0 +1,367 @@
+"""Rotary position embedding frequencies and every context-extension rule (framework-free).
+
+RoPE (Su et al. 2021, "RoFormer", arXiv:2104.09864) rotates feature pair ``i`` of a query or key at
+position ``m`` by the angle ``m * theta_i`` with ``theta_i = base^(-2i/d)``, ``i = 0 .. d/2 - 1``.
+The rules below change the frequencies (and sometimes scale cos/sin by an "attention factor") so a
+model trained on ``L0`` positions can read longer inputs.  Where a reference implementation, not
+the paper, fixes a detail (YaRN's mscale and truncation, Llama 3's smoothing, LongRoPE's switch),
+posenc follows Hugging Face transformers' ``modeling_rope_utils``, and the tests check parity.
+
+Frequencies are evaluated in 60-digit :mod:`decimal` arithmetic, so the tables built from them are
+exact with respect to each rule's formula (see :mod:`posenc.core.exact`); discrete decisions
+(YaRN's correction range, Llama 3's wavelength bands) are taken in float64, as the reference does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+import functools
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from posenc import _validate
+
+_D = decimal.Decimal
+_PREC = 60
+_TWO_PI = _D("6.28318530717958647692528676655900576839433879875021164194989")
+
+
+def _ctx() -> decimal.Context:
+    return decimal.Context(prec=_PREC)
+
+
+def _pow(x: decimal.Decimal, y: decimal.Decimal) -> decimal.Decimal:
+    """``x ** y`` for ``x > 0`` and any real ``y``, to 60 digits."""
+    with decimal.localcontext(_ctx()):
+        return (y * x.ln()).exp()
+
+
+def default_frequencies(dim: int, base: float) -> tuple[decimal.Decimal, ...]:
+    """``theta_i = base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1`` (RoFormer, eq. 15)."""
+    return _default_frequencies(dim, float(base))
+
+
+@functools.lru_cache(maxsize=256)
+def _default_frequencies(dim: int, base: float) -> tuple[decimal.Decimal, ...]:
+    with decimal.localcontext(_ctx()):
+        b, d = _D(base), _D(dim)
+        return tuple(_pow(b, -_D(2 * i) / d) for i in range(dim // 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Base of the context-extension rules: frozen, hashable, validated at construction.
+
+    Subclasses implement :meth:`_frequencies` and may override :meth:`attention_factor`.
+    ``length_dependent`` rules (dynamic NTK, LongRoPE) also read the current sequence length.
+    """
+
+    name: ClassVar[str] = "none"
+    length_dependent: ClassVar[bool] = False
+
+    def frequencies(self, dim: int, base: float, seq_len: int | None = None) -> tuple[decimal.Decimal, ...]:
+        """Scaled frequencies (radians per position) as 60-digit Decimals, ``dim // 2`` of them."""
+        return _cached_frequencies(self, dim, float(base), seq_len if self.length_dependent else None)
+
+    def attention_factor(self) -> float:
+        """Factor applied to cos and sin (1.0 unless the rule defines one)."""
+        return 1.0
+
+    def _frequencies(self, dim: int, base: float, seq_len: int | None) -> tuple[decimal.Decimal, ...]:
+        raise NotImplementedError
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_frequencies(rule: RopeScaling, dim: int, base: float, seq_len: int | None):
+    with decimal.localcontext(_ctx()):
+        return rule._frequencies(dim, base, seq_len)
+
+
+def _positive(name: str, value: float) -> float:
+    return _validate.check_float(name, value, positive=True)
+
+
+def _factor(value: float) -> float:
+    value = _validate.check_float("factor", value, positive=True)
+    if value < 1.0:
+        raise ValueError(f"factor must be >= 1 (it stretches the context), got {value}")
+    return value
+
+
+def _original(value: int) -> int:
+    return _validate.check_int("original_max_seq_len", value, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearScaling(RopeScaling):
+    """Position interpolation (Chen et al. 2023, arXiv:2306.15595): ``theta_i / factor``.
+
+    Position ``m`` under the rule sees the angles of position ``m / factor`` without it.
+    """
+
+    factor: float
+    name: ClassVar[str] = "linear"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factor", _factor(self.factor))
+
+    def _frequencies(self, dim, base, seq_len):
+        f = _D(self.factor)
+        return tuple(t / f for t in default_frequencies(dim, base))
+
+
+@dataclasses.dataclass(frozen=True)
+class NTKScaling(RopeScaling):
+    """Static NTK-aware scaling (bloc97, 2023): the base becomes ``base * factor^(d/(d-2))``.
+
+    High frequencies barely change, the lowest one is divided by ``factor``.
+    """
+
+    factor: float
+    name: ClassVar[str] = "ntk"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factor", _factor(self.factor))
+
+    def _frequencies(self, dim, base, seq_len):
+        if dim <= 2:
+            raise ValueError(f"NTKScaling needs dim > 2 (the exponent is d/(d-2)), got dim={dim}")
+        d = _D(dim)
+        new_base = _D(base) * _pow(_D(self.factor), d / (d - 2))
+        return tuple(_pow(new_base, -_D(2 * i) / d) for i in range(dim // 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicNTKScaling(RopeScaling):
+    """Dynamic NTK scaling (emozilla, 2023), as in transformers' ``"dynamic"`` rope type.
+
+    For a sequence of ``L > L0`` positions the base becomes
+    ``base * (factor * L / L0 - (factor - 1))^(d/(d-2))``; for ``L <= L0`` nothing changes.  The
+    result depends only on the ``seq_len`` passed in (short -> long -> short gives identical
+    results) and the base never shrinks, so it is never negative, NaN or complex.
+    """
+
+    factor: float
+    original_max_seq_len: int
+    name: ClassVar[str] = "dynamic"
+    length_dependent: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factor", _factor(self.factor))
+        object.__setattr__(self, "original_max_seq_len", _original(self.original_max_seq_len))
+
+    def _frequencies(self, dim, base, seq_len):
+        length = max(seq_len or 0, self.original_max_seq_len)
+        if length == self.original_max_seq_len:
+            return default_frequencies(dim, base)
+        if dim <= 2:
+            raise ValueError(f"DynamicNTKScaling needs dim > 2 (the exponent is d/(d-2)), got dim={dim}")
+        d, f = _D(dim), _D(self.factor)
+        stretch = f * _D(length) / _D(self.original_max_seq_len) - (f - 1)
+        new_base = _D(base) * _pow(stretch, d / (d - 2))
+        return tuple(_pow(new_base, -_D(2 * i) / d) for i in range(dim // 2))
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class YarnScaling(RopeScaling):
+    """YaRN (Peng et al. 2023, arXiv:2309.00071): NTK-by-parts interpolation plus a temperature.
+
+    Pair ``i`` completes ``L0 / lambda_i`` rotations over the original context.  Pairs with more
+    than ``beta_fast`` rotations keep their frequency, pairs with fewer than ``beta_slow`` are
+    interpolated (``theta_i / factor``), and a linear ramp over the pair index blends in between.
+    The correction range is rounded outward when ``truncate`` (the default, as in transformers).
+
+    The attention factor multiplies cos and sin: ``attention_factor`` if given (used as is, never
+    multiplied again), else ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both
+    are set (DeepSeek), else ``0.1 * ln(factor) + 1``.
+    """
+
+    factor: float
+    original_max_seq_len: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor_override: float | None = None
+    truncate: bool = True
+    name: ClassVar[str] = "yarn"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factor", _factor(self.factor))
+        object.__setattr__(self, "original_max_seq_len", _original(self.original_max_seq_len))
+        object.__setattr__(self, "beta_fast", _positive("beta_fast", self.beta_fast))
+        object.__setattr__(self, "beta_slow", _positive("beta_slow", self.beta_slow))
+        for field in ("mscale", "mscale_all_dim", "attention_factor_override"):
+            value = getattr(self, field)
+            if value is not None:
+                object.__setattr__(self, field, _validate.check_float(field, value, minimum=0.0))
+        if not isinstance(self.truncate, bool):
+            raise TypeError(f"truncate must be a bool, got {self.truncate!r}")
+
+    def attention_factor(self) -> float:
+        if self.attention_factor_override is not None:
+            return self.attention_factor_override
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
+
+    def correction_range(self, dim: int, base: float) -> tuple[float, float]:
+        """Pair indices where the ramp starts and ends (float64, as the reference computes them)."""
+
+        def pair_index(rotations: float) -> float:
+            return dim * math.log(self.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = pair_index(self.beta_fast), pair_index(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        return max(low, 0), min(high, dim - 1)
+
+    def _frequencies(self, dim, base, seq_len):
+        low, high = self.correction_range(dim, base)
+        if low == high:
+            high += 0.001  # the reference's guard against a zero-width ramp
+        f, lo, width = _D(self.factor), _D(low), _D(high) - _D(low)
+        out = []
+        for i, t in enumerate(default_frequencies(dim, base)):
+            ramp = min(max((_D(i) - lo) / width, _D(0)), _D(1))   # 0: keep theta, 1: interpolate
+            out.append(t / f * ramp + t * (1 - ramp))
+        return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3Scaling(RopeScaling):
+    """Llama 3.1's frequency-band rule (Meta's reference; transformers' ``"llama3"``).
+
+    With wavelength ``lambda_i = 2 pi / theta_i``: ``lambda < L0 / high_freq_factor`` keeps
+    ``theta``; ``lambda > L0 / low_freq_factor`` uses ``theta / factor``; in between, with
+    ``t = (L0 / lambda - low) / (high - low)``, ``(1 - t) theta / factor + t theta``.
+    """
+
+    factor: float
+    original_max_seq_len: int
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    name: ClassVar[str] = "llama3"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factor", _factor(self.factor))
+        object.__setattr__(self, "original_max_seq_len", _original(self.original_max_seq_len))
+        object.__setattr__(self, "low_freq_factor", _positive("low_freq_factor", self.low_freq_factor))
+        object.__setattr__(self, "high_freq_factor", _positive("high_freq_factor", self.high_freq_factor))
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor must be > low_freq_factor, got {self.high_freq_factor} <= {self.low_freq_factor}"
+            )
+
+    def _frequencies(self, dim, base, seq_len):
+        L0 = self.original_max_seq_len
+        low_wavelen, high_wavelen = L0 / self.low_freq_factor, L0 / self.high_freq_factor
+        f, lo, hi = _D(self.factor), _D(self.low_freq_factor), _D(self.high_freq_factor)
+        out = []
+        for t in default_frequencies(dim, base):
+            wavelen = 2 * math.pi / float(t)
+            if wavelen < high_wavelen:
+                out.append(t)
+            elif wavelen > low_wavelen:
+                out.append(t / f)
+            else:
+                smooth = (_D(L0) * t / _TWO_PI - lo) / (hi - lo)
+                out.append((1 - smooth) * t / f + smooth * t)
+        return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class LongRopeScaling(RopeScaling):
+    """LongRoPE (Ding et al. 2024, arXiv:2402.13753), as in Phi-3: per-pair rescale factors.
+
+    ``theta_i / ext_i`` with ``ext = short_factor`` while ``seq_len <= L0`` and ``long_factor``
+    strictly after.  The attention factor is ``attention_factor`` if given, else
+    ``sqrt(1 + ln(factor) / ln(L0))`` (1 when ``factor <= 1``).
+    """
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_seq_len: int
+    factor: float = 1.0
+    attention_factor_override: float | None = None
+    name: ClassVar[str] = "longrope"
+    length_dependent: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for field in ("short_factor", "long_factor"):
+            value = getattr(self, field)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise TypeError(f"{field} must be a sequence of numbers, got {value!r}")
+            object.__setattr__(self, field, tuple(_positive(f"{field}[{i}]", v) for i, v in enumerate(value)))
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError(
+                f"short_factor and long_factor must have the same length (dim/2), got "
+                f"{len(self.short_factor)} and {len(self.long_factor)}"
+            )
+        object.__setattr__(self, "original_max_seq_len", _original(self.original_max_seq_len))
+        object.__setattr__(self, "factor", _positive("factor", self.factor))
+        if self.attention_factor_override is not None:
+            object.__setattr__(
+                self, "attention_factor_override",
+                _validate.check_float("attention_factor_override", self.attention_factor_override, minimum=0.0),
+            )
+
+    def attention_factor(self) -> float:
+        if self.attention_factor_override is not None:
+            return self.attention_factor_override
+        if self.factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_seq_len))
+
+    def _frequencies(self, dim, base, seq_len):
+        if len(self.short_factor) != dim // 2:
+            raise ValueError(
+                f"LongRopeScaling has {len(self.short_factor)} factors but the rotary dim {dim} needs {dim // 2}"
+            )
+        ext = self.long_factor if seq_len is not None and seq_len > self.original_max_seq_len else self.short_factor
+        return tuple(t / _D(e) for t, e in zip(default_frequencies(dim, base), ext, strict=True))
+
+
+SCALINGS: dict[str, type[RopeScaling]] = {
+    cls.name: cls for cls in (LinearScaling, NTKScaling, DynamicNTKScaling, YarnScaling, Llama3Scaling, LongRopeScaling)
+}
+
+
+def frequencies(dim: int, base: float, scaling: RopeScaling | None = None, seq_len: int | None = None):
+    """Frequencies of a rotary embedding of ``dim`` rotated features under ``scaling``."""
+    dim = _validate.check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"the rotary dim must be even (features rotate in pairs), got {dim}")
+    base = _validate.check_float("base", base, positive=True)
+    if base == 1.0:
+        raise ValueError("base must not be 1 (every pair would rotate at the same frequency 1)")
+    if seq_len is not None:
+        seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
+    if scaling is None:
+        return default_frequencies(dim, base)
+    if not isinstance(scaling, RopeScaling):
+        raise TypeError(
+            f"scaling must be None or a posenc scaling rule ({', '.join(c.__name__ for c in SCALINGS.values())}), "
+            f"got {scaling!r}"
+        )
+    return scaling.frequencies(dim, base, seq_len)
+
+
+def inv_freq(dim: int, base: float, scaling: RopeScaling | None = None, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+    """``(inv_freq, attention_factor)``: float64 frequencies ``(dim/2,)`` and the cos/sin factor."""
+    freqs = frequencies(dim, base, scaling, seq_len)
+    factor = 1.0 if scaling is None else scaling.attention_factor()
+    return np.array([float(f) for f in freqs], dtype=np.float64), factor
+
+
+def xpos_zeta(dim: int) -> np.ndarray:
+    """xPos per-pair decay base ``zeta_i = (2i/d + 0.4) / 1.4`` (Sun et al. 2022, arXiv:2212.10554)."""
+    return (np.arange(0, dim, 2, dtype=np.float64) / dim + 0.4) / 1.4
