@@ -241,3 +241,26 @@ def test_rotation_function_of_module_equals_functional_qk():
     a = rope(q, k, offset=3)
     b = R.apply_rope_qk(q, k, rope.cos_table, rope.sin_table, offset=3, layout="interleaved")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_torch_export_matches_eager():
+    rope = posenc.RotaryEmbedding(16, max_seq_len=64)
+    q, k = qk(d=16)
+    exported = torch.export.export(rope, (q, k))
+    for a, b in zip(exported.module()(q, k), rope(q, k), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
+
+
+def test_forward_within_the_table_never_recomputes_angles(monkeypatch):
+    from posenc.core import exact
+
+    calls = []
+    real = exact.sin_cos
+    monkeypatch.setattr(exact, "sin_cos", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    rope = posenc.RotaryEmbedding(16, max_seq_len=64)
+    assert len(calls) == 1                                   # once, at construction
+    q, k = qk(d=16)
+    rope(q, k), rope(q, k, offset=55), rope(q, k, positions=torch.arange(9) * 7)
+    assert len(calls) == 1
+    rope(q, k, offset=56)                                    # rows 56..64: past the table, computed once
+    assert len(calls) == 2
