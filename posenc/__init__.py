@@ -32,6 +32,13 @@ _EXPORTS = {
     "LongRopeScaling": "posenc.core.rope",
     "RopeScaling": "posenc.core.rope",
     "rope_scaling_from_hf": "posenc.core.hf_config",
+    "alibi_slopes": "posenc.functional",
+    "alibi_bias": "posenc.functional",
+    "relative_position_bucket": "posenc.functional",
+    "positions_from_segment_ids": "posenc.functional",
+    "AlibiBias": "posenc.nn",
+    "RelativePositionBias": "posenc.nn",
+    "attention": "posenc.attn",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -6,7 +6,7 @@ import torch
 
 from posenc import _validate
 
-__all__ = ["positions_from_mask"]
+__all__ = ["positions_from_mask", "positions_from_segment_ids"]
 
 
 def positions_from_mask(mask: torch.Tensor, *, offset: int | torch.Tensor = 0) -> torch.Tensor:
@@ -48,3 +48,36 @@ def positions_from_mask(mask: torch.Tensor, *, offset: int | torch.Tensor = 0) -
     else:
         pos = pos + _validate.check_int("offset", offset)
     return torch.where(real, pos, torch.zeros_like(pos))
+
+
+def positions_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 wherever the segment id changes along a row.
+
+    For packed batches ``[A; B; ...]`` this gives each document the positions it would have alone,
+    for every encoding family (additive tables, rotary, attention biases).
+
+    Args:
+        segment_ids: ``(B, S)`` or ``(S,)`` integer ids; a new segment starts where the id differs
+            from the previous token's.
+
+    Returns:
+        int64 positions of the same shape.
+
+    Examples:
+        >>> positions_from_segment_ids(torch.tensor([[0, 0, 0, 1, 1, 2], [5, 5, 5, 5, 7, 7]]))
+        tensor([[0, 1, 2, 0, 1, 0],
+                [0, 1, 2, 3, 0, 1]])
+    """
+    if not isinstance(segment_ids, torch.Tensor):
+        raise TypeError(f"segment_ids must be a torch.Tensor, got {type(segment_ids).__name__}")
+    if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex:
+        raise TypeError(f"segment_ids must hold integers, got dtype {segment_ids.dtype}")
+    if segment_ids.dim() not in (1, 2):
+        raise ValueError(f"segment_ids must have shape (B, S) or (S,), got {tuple(segment_ids.shape)}")
+    ids = segment_ids if segment_ids.dim() == 2 else segment_ids[None]    # (B, S)
+    idx = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)   # (B, S)
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
+    pos = idx - first
+    return pos if segment_ids.dim() == 2 else pos[0]

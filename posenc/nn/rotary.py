@@ -173,6 +173,36 @@ class RotaryEmbedding(TableModule):
         log_zeta = torch.from_numpy(_core.xpos_zeta(self.dim)).log().to(positions.device)
         return torch.exp(positions.to(torch.float64)[..., None] / self.xpos_scale_base * log_zeta)
 
+    def _check(self, name: str, t: torch.Tensor) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., S, D), got shape {tuple(t.shape)}")
+        if t.shape[-1] < self.dim:
+            raise ValueError(
+                f"{name} has head dim {t.shape[-1]} < rotary dim {self.dim}; build RotaryEmbedding with "
+                f"dim <= the head dim"
+            )
+
+    def _positions(self, x: torch.Tensor, sd: int, positions: torch.Tensor | None, offset: int) -> torch.Tensor:
+        """Validated positions ``(S,)`` or ``(B, S)`` for ``x`` with sequence axis ``sd``."""
+        length = x.shape[sd]
+        offset = _validate.check_int("offset", offset)
+        if positions is None:
+            return torch.arange(offset, offset + length, device=x.device)
+        check_positions("positions", positions)
+        if offset:
+            raise ValueError("pass either positions or offset, not both (add the offset to positions)")
+        if positions.dim() > 2 or positions.shape[-1] != length or (
+            positions.dim() == 2 and positions.shape[0] not in (1, x.shape[0])
+        ):
+            raise ValueError(
+                f"positions must have shape (S,) or (B, S) with S={length}, B={x.shape[0]}, got {tuple(positions.shape)}"
+            )
+        return positions
+
     def forward(
         self,
         q: torch.Tensor,
@@ -197,53 +227,63 @@ class RotaryEmbedding(TableModule):
             seq_len: current sequence length for length-dependent rules (default: the largest
                 position + 1).
         """
-        for name, t in (("q", q), ("k", k)):
-            if t is None and name == "k":
-                continue
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if not t.dtype.is_floating_point:
-                raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
-            if t.dim() < 2:
-                raise ValueError(f"{name} must have at least 2 dims (..., S, D), got shape {tuple(t.shape)}")
-            if t.shape[-1] < self.dim:
-                raise ValueError(
-                    f"{name} has head dim {t.shape[-1]} < rotary dim {self.dim}; build RotaryEmbedding with "
-                    f"dim <= the head dim"
-                )
+        self._check("q", q)
+        if k is not None:
+            self._check("k", k)
         sd = _fr.normalize_seq_dim(q, seq_dim)
-        length = q.shape[sd]
-        if k is not None and (k.dim() != q.dim() or k.shape[sd] != length or k.shape[0] != q.shape[0]):
+        if k is not None and (k.dim() != q.dim() or k.shape[sd] != q.shape[sd] or k.shape[0] != q.shape[0]):
             raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in rank, batch and sequence length")
-        offset = _validate.check_int("offset", offset)
         if seq_len is not None:
             seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
-        if positions is None:
-            positions = torch.arange(offset, offset + length, device=q.device)
-        else:
-            check_positions("positions", positions)
-            if offset:
-                raise ValueError("pass either positions or offset, not both (add the offset to positions)")
-            if positions.dim() > 2 or positions.shape[-1] != length or (
-                positions.dim() == 2 and positions.shape[0] not in (1, q.shape[0])
-            ):
-                raise ValueError(
-                    f"positions must have shape (S,) or (B, S) with S={length}, B={q.shape[0]}, got {tuple(positions.shape)}"
-                )
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=dtype)          # (S, h) or (B, S, h)
-        cos, sin = _fr.broadcast_rows(cos, q.dim(), sd), _fr.broadcast_rows(sin, q.dim(), sd)
-        if self.xpos_scale_base is None:
-            q_out = _fr.apply_rope(q, cos, sin, layout=self.layout, inplace=inplace)
-            k_out = None if k is None else _fr.apply_rope(k, cos, sin, layout=self.layout, inplace=inplace)
-            return q_out, k_out
-        lo, hi = (int(positions.min()), int(positions.max())) if positions.numel() else (0, 0)
-        scale = _fr.broadcast_rows(self._xpos_scale(positions, lo, hi), q.dim(), sd)  # float64
-        q_out = _fr.apply_rope(q, (cos * scale).to(dtype), (sin * scale).to(dtype), layout=self.layout, inplace=inplace)
-        k_out = None if k is None else _fr.apply_rope(
-            k, (cos / scale).to(dtype), (sin / scale).to(dtype), layout=self.layout, inplace=inplace
-        )
+        positions = self._positions(q, sd, positions, offset)
+        tables = self._tables(q, positions, sd, seq_len)                          # once for q and k
+        q_out = self._rotate(q, positions, sd, key=False, inplace=inplace, seq_len=seq_len, tables=tables)
+        k_out = None if k is None else self._rotate(k, positions, sd, key=True, inplace=inplace, seq_len=seq_len,
+                                                     tables=tables)
         return q_out, k_out
+
+    def rotate(
+        self,
+        x: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        offset: int = 0,
+        key: bool = False,
+        seq_dim: int = -2,
+        inplace: bool = False,
+        seq_len: int | None = None,
+    ) -> torch.Tensor:
+        """Rotate one tensor of queries (``key=False``) or keys (``key=True``) on its own positions.
+
+        ``forward(q, k)`` is ``rotate(q)`` and ``rotate(k, key=True)`` with shared positions; call
+        this directly when queries and keys sit at different positions (a query after cached keys).
+        ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
+        """
+        self._check("x", x)
+        if not isinstance(key, bool):
+            raise TypeError(f"key must be a bool, got {key!r}")
+        sd = _fr.normalize_seq_dim(x, seq_dim)
+        if seq_len is not None:
+            seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
+        return self._rotate(x, self._positions(x, sd, positions, offset), sd, key=key, inplace=inplace, seq_len=seq_len)
+
+    def _tables(self, x: torch.Tensor, positions: torch.Tensor, sd: int, seq_len: int | None):
+        """cos/sin for ``positions``, shaped to broadcast against ``x`` (sequence axis ``sd``)."""
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=dtype)          # (S, h) or (B, S, h)
+        return _fr.broadcast_rows(cos, x.dim(), sd), _fr.broadcast_rows(sin, x.dim(), sd)
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, sd: int, *, key: bool, inplace: bool,
+                seq_len: int | None, tables=None) -> torch.Tensor:
+        """Rotate ``x`` whose sequence axis is ``sd`` by ``positions`` (validated)."""
+        cos, sin = self._tables(x, positions, sd, seq_len) if tables is None else tables
+        if self.xpos_scale_base is not None:
+            lo, hi = (int(positions.min()), int(positions.max())) if positions.numel() else (0, 0)
+            scale = _fr.broadcast_rows(self._xpos_scale(positions, lo, hi), x.dim(), sd)    # float64
+            if key:
+                scale = 1.0 / scale
+            cos, sin = (cos * scale).to(cos.dtype), (sin * scale).to(sin.dtype)
+        return _fr.apply_rope(x, cos, sin, layout=self.layout, inplace=inplace)
 
     def extra_repr(self) -> str:
         parts = [f"{self.dim}", f"max_seq_len={self.max_seq_len}", f"base={self.base:g}", f"layout={self.layout!r}"]

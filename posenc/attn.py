@@ -1,0 +1,300 @@
+"""`posenc.attention` (defined here, in `posenc.attn`): one attention entry point that applies any posenc encoding correctly.
+
+Rotary embeddings rotate q and k; ALiBi and T5 biases are added to the logits; causal masking
+compares *positions*, not indices; packed sequences stay inside their segment.  The reference
+backend is ``torch.nn.functional.scaled_dot_product_attention``; ``backend="flex"`` uses
+``torch.nn.attention.flex_attention`` (compiled), which applies the biases as a score modification
+and the masks as a block mask, without materialising ``(S, S_k)`` tensors.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn.functional as F
+
+from posenc import _validate
+from posenc.functional._common import check_positions
+from posenc.functional.positions import positions_from_segment_ids
+from posenc.nn.alibi import AlibiBias
+from posenc.nn.learned import LearnedPositionalEmbedding
+from posenc.nn.relative import RelativePositionBias
+from posenc.nn.rotary import RotaryEmbedding
+from posenc.nn.sinusoidal import SinusoidalEncoding
+
+__all__ = ["attention"]
+
+BACKENDS = ("sdpa", "flex")
+try:
+    _SDPA_HAS_GQA = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+except (TypeError, ValueError):  # a builtin without a signature
+    _SDPA_HAS_GQA = False
+_compiled_flex = None
+
+
+def _flex():
+    """``torch.compile(flex_attention)``, created on first use (flex needs compilation on CPU and GPU)."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+        except ImportError as err:  # torch < 2.5
+            raise ValueError(f"backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5): {err}") from None
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, S, D), got {tuple(t.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in (B, H, S_k)")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head dim")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} (grouped-query attention)")
+
+
+def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    check_positions(name, p)
+    if p.dim() not in (1, 2) or p.shape[-1] != length or (p.dim() == 2 and p.shape[0] not in (1, batch)):
+        raise ValueError(f"{name} must have shape ({length},) or ({batch}, {length}), got {tuple(p.shape)}")
+    return p
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    encoding: RotaryEmbedding | AlibiBias | RelativePositionBias | torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
+    causal: bool = False,
+    segment_ids: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    seq_len: int | None = None,
+    backend: str = "sdpa",
+) -> torch.Tensor:
+    """Scaled dot-product attention with a positional encoding applied the right way.
+
+    Args:
+        q: queries ``(B, H, S, D)``.
+        k, v: keys and values ``(B, H_kv, S_k, D)``; ``H`` must be a multiple of ``H_kv`` (GQA).
+        encoding: ``None``; a :class:`~posenc.RotaryEmbedding` (rotates q at ``positions`` and k
+            at ``key_positions``: pass *unrotated* keys); an :class:`~posenc.AlibiBias` or
+            :class:`~posenc.RelativePositionBias` (the bias is built here from the positions); or a
+            precomputed bias tensor ``(H, S, S_k)`` / ``(B, H, S, S_k)`` from one of them, so a
+            model builds it once per forward and shares it across layers.  Additive encodings
+            (:class:`~posenc.SinusoidalEncoding`, :class:`~posenc.LearnedPositionalEmbedding`)
+            belong on the embeddings and raise ``TypeError`` here.
+        positions: query positions ``(S,)`` or ``(B, S)``.  Default: restart at 0 in every segment
+            if ``segment_ids`` is given, else the *last* ``S`` key positions
+            (``S_k - S .. S_k - 1``), which is what a query after cached keys needs.
+        key_positions: key positions ``(S_k,)`` or ``(B, S_k)``; default like ``positions`` with
+            ``segment_ids``, else ``0 .. S_k - 1``.
+        causal: a query attends to keys whose *position* is <= its own.  (SDPA's ``is_causal``
+            aligns by index from the top left, which is wrong when ``S < S_k``.)
+        segment_ids: ``(B, S)`` ids of packed sequences (needs ``S == S_k``): attention stays
+            inside each segment, and positions restart at 0 in each one.
+        attn_mask: extra mask broadcasting to ``(B, H, S, S_k)``: bool (True = attend) or float
+            (added to the logits).  SDPA backend only.
+        dropout_p: attention dropout probability (applied whenever > 0; pass 0.0 in eval).
+        scale: logit scale, default ``1 / sqrt(D)``.
+        seq_len: current length for length-dependent rotary rules (default: the largest key
+            position + 1).
+        backend: ``"sdpa"`` (reference) or ``"flex"`` (compiled ``flex_attention``: no ``(S, S_k)``
+            bias tensors; no ``attn_mask``/dropout; RelativePositionBias only without gradients).
+
+    Returns:
+        ``(B, H, S, D)``.
+
+    Examples:
+        >>> import posenc
+        >>> q = k = v = torch.randn(1, 2, 5, 8)
+        >>> posenc.attention(q, k, v, encoding=posenc.AlibiBias(2), causal=True).shape
+        torch.Size([1, 2, 5, 8])
+    """
+    _check_qkv(q, k, v)
+    _validate.check_choice("backend", backend, BACKENDS)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)
+    if dropout_p >= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    B, H, S, D = q.shape
+    S_k = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_float("scale", scale, positive=True)
+
+    seg_q = seg_k = None
+    if segment_ids is not None:
+        if not isinstance(segment_ids, torch.Tensor) or segment_ids.dtype.is_floating_point:
+            raise TypeError("segment_ids must be an integer tensor (B, S)")
+        if segment_ids.shape != (B, S) or S != S_k:
+            raise ValueError(
+                f"segment_ids must have shape (B, S) = ({B}, {S}) and queries and keys the same length; "
+                f"got {tuple(segment_ids.shape)} with S_k={S_k}"
+            )
+        seg_q = seg_k = segment_ids
+        packed = positions_from_segment_ids(segment_ids)
+        positions = packed if positions is None else positions
+        key_positions = positions if key_positions is None else key_positions
+    if positions is None:
+        positions = torch.arange(S_k - S, S_k, device=q.device) if S <= S_k else torch.arange(S, device=q.device)
+    if key_positions is None:
+        key_positions = torch.arange(S_k, device=q.device)
+    positions = _positions_arg("positions", positions, B, S)
+    key_positions = _positions_arg("key_positions", key_positions, B, S_k)
+
+    bias = None
+    alibi_slopes = t5_module = None
+    if isinstance(encoding, (SinusoidalEncoding, LearnedPositionalEmbedding)):
+        raise TypeError(
+            f"{type(encoding).__name__} is an additive encoding: add it to the token embeddings before the "
+            f"Q/K/V projections, and call attention with encoding=None"
+        )
+    if isinstance(encoding, RotaryEmbedding):
+        length = seq_len if seq_len is not None else int(key_positions.max()) + 1 if key_positions.numel() else None
+        q = encoding.rotate(q, positions=positions, seq_len=length)
+        k = encoding.rotate(k, positions=key_positions, key=True, seq_len=length)
+    elif isinstance(encoding, (AlibiBias, RelativePositionBias)):
+        if encoding.num_heads != H:
+            raise ValueError(f"{type(encoding).__name__} has {encoding.num_heads} heads but q has {H}")
+        if backend == "flex":
+            alibi_slopes = encoding if isinstance(encoding, AlibiBias) else None
+            t5_module = encoding if isinstance(encoding, RelativePositionBias) else None
+        else:
+            bias = encoding(positions, key_positions)                        # (H, S, S_k) or (B, H, S, S_k)
+    elif isinstance(encoding, torch.Tensor):
+        if not encoding.dtype.is_floating_point or encoding.dim() not in (3, 4) or encoding.shape[-2:] != (S, S_k) \
+                or encoding.shape[-3] not in (1, H):
+            raise ValueError(
+                f"a precomputed bias must be a floating (H, S, S_k) or (B, H, S, S_k) tensor with H={H}, S={S}, "
+                f"S_k={S_k}; got {tuple(encoding.shape)} {encoding.dtype}"
+            )
+        bias = encoding
+    elif encoding is not None:
+        raise TypeError(
+            f"encoding must be None, a RotaryEmbedding, an AlibiBias, a RelativePositionBias or a bias tensor; "
+            f"got {type(encoding).__name__}"
+        )
+
+    if backend == "flex":
+        if attn_mask is not None or dropout_p:
+            raise ValueError("backend='flex' takes no attn_mask or dropout_p; use causal/segment_ids, or backend='sdpa'")
+        if bias is not None:
+            raise ValueError("backend='flex' builds biases itself: pass the AlibiBias/RelativePositionBias module")
+        if t5_module is not None and torch.is_grad_enabled() and t5_module.weight.requires_grad:
+            # torch 2.13's inductor fails to compile flex_attention when a score_mod reads a tensor
+            # that requires grad on CPU; detaching would silently stop training the bias.
+            raise ValueError(
+                "backend='flex' cannot backpropagate into RelativePositionBias weights (flex_attention does not "
+                "compile a score_mod over trainable tensors here); train with backend='sdpa', or run flex under "
+                "torch.no_grad() / with the weights frozen"
+            )
+        return _flex_attention(q, k, v, positions, key_positions, seg_q, seg_k, causal, scale, alibi_slopes, t5_module)
+
+    # ---- SDPA reference path: one boolean "allowed" mask, then one additive float mask if needed
+    allowed = None
+    if causal:
+        allowed = key_positions.unsqueeze(-2) <= positions.unsqueeze(-1)        # (S, S_k) or (B, S, S_k)
+    if seg_q is not None:
+        same = seg_q.unsqueeze(-1) == seg_k.unsqueeze(-2)                       # (B, S, S_k)
+        allowed = same if allowed is None else allowed & same
+    if allowed is not None:
+        allowed = allowed.unsqueeze(-3)                                         # (..., 1, S, S_k)
+    user_float = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError("attn_mask must be a tensor")
+        if attn_mask.dtype == torch.bool:
+            allowed = attn_mask if allowed is None else allowed & attn_mask
+        else:
+            user_float = attn_mask
+    mask = None
+    if bias is None and user_float is None:
+        mask = allowed
+    else:
+        mask = torch.zeros((), dtype=q.dtype, device=q.device)
+        for extra in (bias, user_float):
+            if extra is not None:
+                mask = mask + extra.to(q.dtype)
+        if allowed is not None:
+            mask = mask.masked_fill(~allowed, float("-inf"))
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(0)                                                # (1, H|1, S, S_k)
+    if H != k.shape[1]:
+        if _SDPA_HAS_GQA:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                                                  enable_gqa=True)
+        rep = H // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+_FLEX_BLOCK = 128
+
+
+def _pad_to_block(t: torch.Tensor, dim: int, value=0) -> torch.Tensor:
+    extra = -t.shape[dim] % _FLEX_BLOCK
+    if not extra:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, extra]
+    return F.pad(t, pad, value=value)
+
+
+def _flex_attention(q, k, v, positions, key_positions, seg_q, seg_k, causal, scale, alibi, t5):
+    """flex_attention path: biases as score_mod, masks as a block mask; nothing of size (S, S_k).
+
+    Lengths are padded to multiples of flex's 128-wide blocks: torch 2.13's CPU kernel gave wrong
+    results (and NaN) for some unaligned lengths (e.g. S = 40 with D = 16) and never for aligned
+    ones in our tests.  Padded keys are masked out; padded queries see key 0 and are dropped.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, H, S, _ = q.shape
+    S_k = k.shape[2]
+    qpos = _pad_to_block(positions.expand(B, S).contiguous(), -1)
+    kpos = _pad_to_block(key_positions.expand(B, S_k).contiguous(), -1)
+    q, k, v = _pad_to_block(q, 2), _pad_to_block(k, 2), _pad_to_block(v, 2)
+    if seg_q is not None:
+        seg_q, seg_k = _pad_to_block(seg_q, -1), _pad_to_block(seg_k, -1)
+    Sp, Skp = q.shape[2], k.shape[2]
+    score_mod = None
+    if alibi is not None:
+        slopes = alibi.slopes.to(torch.float32)
+        if alibi.symmetric:
+            def score_mod(score, b, h, qi, ki):
+                return score - slopes[h] * (qpos[b, qi] - kpos[b, ki]).abs()
+        else:
+            def score_mod(score, b, h, qi, ki):
+                return score - slopes[h] * (qpos[b, qi] - kpos[b, ki])
+    elif t5 is not None:
+        lo = int(kpos.min()) - int(qpos.max())                                   # smallest key - query
+        hi = int(kpos.max()) - int(qpos.min())
+        rel = torch.arange(lo, hi + 1, device=q.device)
+        lut = t5(torch.zeros(1, dtype=torch.long, device=q.device), rel)[:, 0]  # (H, R): bias per distance
+        width = lut.shape[-1]
+        flat = lut.reshape(-1)                                                  # (H * R,)
+        def score_mod(score, b, h, qi, ki):
+            return score + flat[h * width + (kpos[b, ki] - qpos[b, qi] - lo)]
+    def mask_mod(b, h, qi, ki):
+        ok = ki < S_k
+        if causal:
+            ok = ok & (kpos[b, ki] <= qpos[b, qi])
+        if seg_q is not None:
+            ok = ok & (seg_q[b, qi] == seg_k[b, ki])
+        return ok | ((qi >= S) & (ki == 0))                                      # padded queries: key 0
+    block_mask = None
+    if causal or seg_q is not None or Skp != S_k or Sp != S:
+        block_mask = create_block_mask(mask_mod, B, None, Sp, Skp, device=q.device)
+    kwargs = {"enable_gqa": True} if H != k.shape[1] else {}
+    out = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, **kwargs)
+    return out[:, :, :S]

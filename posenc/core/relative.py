@@ -1,0 +1,82 @@
+"""T5's bucketed relative positions (framework-free).
+
+Raffel et al. 2020, "Exploring the Limits of Transfer Learning with a Unified Text-to-Text
+Transformer" (JMLR), section 2.1, as implemented in Mesh TensorFlow and Hugging Face's
+``T5Attention._relative_position_bucket``.  With ``relative_position = key - query``:
+
+- bidirectional: half the buckets are for keys after the query (offset ``num_buckets / 2``), and
+  ``n = |relative_position|``; causal: ``n = max(-relative_position, 0)`` (future keys -> bucket 0);
+- ``n < max_exact = buckets / 2`` gets its own bucket ``n``; larger ``n`` is bucketed
+  logarithmically, ``max_exact + floor(ln(n / max_exact) / ln(max_distance / max_exact) *
+  (buckets - max_exact))``, capped at ``buckets - 1``.
+
+posenc turns the logarithmic part into exact integer thresholds (the smallest ``n`` of each bucket),
+computed here once in 50-digit arithmetic, so the torch side buckets with an exact search instead
+of a float32 logarithm.
+"""
+
+from __future__ import annotations
+
+import decimal
+import functools
+
+from posenc import _validate
+
+
+def check_bucket_args(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, bool]:
+    num_buckets = _validate.check_int("num_buckets", num_buckets, minimum=2)
+    max_distance = _validate.check_int("max_distance", max_distance, minimum=1)
+    if not isinstance(bidirectional, bool):
+        raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
+    per_side = num_buckets // 2 if bidirectional else num_buckets
+    if per_side < 2:
+        raise ValueError(
+            f"num_buckets={num_buckets} leaves {per_side} bucket(s) per direction; pass num_buckets >= "
+            f"{4 if bidirectional else 2}"
+        )
+    if max_distance <= per_side // 2:
+        raise ValueError(
+            f"max_distance must exceed the exact range num_buckets{'/2' if bidirectional else ''}/2 = {per_side // 2}, "
+            f"got {max_distance}"
+        )
+    return num_buckets, max_distance, bidirectional
+
+
+@functools.lru_cache(maxsize=64)
+def thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, tuple[int, ...]]:
+    """``(per_side, max_exact, thr)``: ``n >= max_exact`` lands in ``max_exact + #{t in thr: t <= n}``.
+
+    ``thr[k - 1]`` is the smallest ``n`` whose logarithmic bucket offset is at least ``k``.
+    """
+    num_buckets, max_distance, bidirectional = check_bucket_args(num_buckets, max_distance, bidirectional)
+    per_side = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = per_side // 2
+    span = per_side - max_exact
+    out = []
+    with decimal.localcontext() as ctx:
+        ctx.prec = 50
+        ratio = decimal.Decimal(max_distance) / max_exact
+        for k in range(1, span):
+            # smallest n with ln(n / max_exact) / ln(ratio) * span >= k  <=>  n >= max_exact * ratio^(k / span)
+            value = max_exact * (ratio.ln() * k / span).exp()
+            nearest = value.to_integral_value(rounding=decimal.ROUND_HALF_EVEN)
+            n = int(nearest) if abs(value - nearest) < decimal.Decimal("1e-30") else int(value.to_integral_value(rounding=decimal.ROUND_CEILING))
+            out.append(max(n, max_exact))
+    return per_side, max_exact, tuple(out)
+
+
+def relative_position_bucket(relative_position: int, *, bidirectional: bool = True, num_buckets: int = 32,
+                             max_distance: int = 128) -> int:
+    """Bucket of one relative position ``key - query`` (scalar reference).
+
+    Examples:
+        >>> [relative_position_bucket(r) for r in (-200, -16, -1, 0, 1, 16, 200)]
+        [15, 10, 1, 0, 17, 26, 31]
+    """
+    per_side, max_exact, thr = thresholds(num_buckets, max_distance, bidirectional)
+    rp = _validate.check_int("relative_position", relative_position)
+    offset = per_side if bidirectional and rp > 0 else 0
+    n = abs(rp) if bidirectional else max(-rp, 0)
+    if n < max_exact:
+        return offset + n
+    return offset + min(max_exact + sum(1 for t in thr if t <= n), per_side - 1)

@@ -1,0 +1,67 @@
+"""ALiBi attention biases (Press et al. 2022, "Train Short, Test Long"): pure torch functions."""
+
+from __future__ import annotations
+
+import torch
+
+from posenc.core import alibi as _core
+from posenc.functional._common import check_float_dtype
+from posenc.functional.relative import relative_distances
+
+__all__ = ["alibi_bias", "alibi_slopes"]
+
+
+def alibi_slopes(
+    num_heads: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Per-head slopes ``(H,)`` following the paper's rule for any head count.
+
+    Examples:
+        >>> alibi_slopes(8)
+        tensor([0.5000, 0.2500, 0.1250, 0.0625, 0.0312, 0.0156, 0.0078, 0.0039])
+    """
+    check_float_dtype("dtype", dtype)
+    return torch.tensor(_core.alibi_slopes(num_heads), dtype=torch.float64, device=device).to(dtype)
+
+
+def alibi_bias(
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    slopes: torch.Tensor,
+    *,
+    symmetric: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """ALiBi logit bias ``-m_h * (q_i - k_j)`` (or ``-m_h * |q_i - k_j|`` with ``symmetric=True``).
+
+    The plain form is meant for causal attention, where only keys ``k_j <= q_i`` are kept; the
+    symmetric form serves bidirectional attention.  Positions are explicit, so cached decoding
+    (queries after the cached keys) and packed sequences (positions restarting per segment) are
+    exact.
+
+    Args:
+        q_positions: integer positions of the queries, ``(S,)`` or ``(B, S)``.
+        k_positions: integer positions of the keys, ``(S_k,)`` or ``(B, S_k)``.
+        slopes: ``(H,)``, e.g. :func:`alibi_slopes`.
+        symmetric: use ``|q_i - k_j|``.
+        dtype: output dtype.
+
+    Returns:
+        ``(H, S, S_k)`` for 1-D positions, ``(B, H, S, S_k)`` when either is per row.
+
+    Examples:
+        >>> alibi_bias(torch.arange(3), torch.arange(3), torch.tensor([0.5]))
+        tensor([[[ 0.0000,  0.5000,  1.0000],
+                 [-0.5000,  0.0000,  0.5000],
+                 [-1.0000, -0.5000,  0.0000]]])
+    """
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.dtype.is_floating_point:
+        raise TypeError(f"slopes must be a 1-D floating tensor (H,), got {slopes!r:.60}")
+    check_float_dtype("dtype", dtype)
+    dist = relative_distances(q_positions, k_positions)                 # (S, S_k) or (B, S, S_k), q - k
+    neg = -dist.abs() if symmetric else -dist                           # negated as integers: no -0.0
+    m = slopes.to(torch.float32 if dtype != torch.float64 else torch.float64)
+    bias = neg.to(m.dtype).unsqueeze(-3) * m.view(-1, 1, 1)             # (..., H, S, S_k)
+    return bias.to(dtype)

@@ -1,0 +1,62 @@
+"""T5 relative position buckets (Raffel et al. 2020) and relative distances: pure torch functions."""
+
+from __future__ import annotations
+
+import torch
+
+from posenc.core import relative as _core
+from posenc.functional._common import check_positions
+
+__all__ = ["relative_distances", "relative_position_bucket"]
+
+
+def relative_distances(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """``q_i - k_j`` as int64: ``(S, S_k)`` for 1-D positions, ``(B, S, S_k)`` if either is ``(B, ...)``."""
+    for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
+        check_positions(name, p)
+        if p.dim() not in (1, 2):
+            raise ValueError(f"{name} must have shape (S,) or (B, S), got {tuple(p.shape)}")
+    if q_positions.dim() == 2 and k_positions.dim() == 2 and q_positions.shape[0] != k_positions.shape[0]:
+        raise ValueError(
+            f"q_positions {tuple(q_positions.shape)} and k_positions {tuple(k_positions.shape)} have different batch sizes"
+        )
+    if q_positions.device != k_positions.device:
+        raise ValueError(f"q_positions is on {q_positions.device} but k_positions on {k_positions.device}")
+    return q_positions.long().unsqueeze(-1) - k_positions.long().unsqueeze(-2)
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor,
+    *,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> torch.Tensor:
+    """T5 bucket of each ``key - query`` distance (any shape, integer), exact for any distance.
+
+    Args:
+        relative_position: integer tensor of ``key_position - query_position``.
+        bidirectional: half the buckets for keys after the query (encoder); else future keys share
+            bucket 0 (decoder).
+        num_buckets: total buckets.
+        max_distance: distances from here on share the last bucket.
+
+    Returns:
+        int64 buckets, same shape.
+
+    Examples:
+        >>> relative_position_bucket(torch.tensor([-200, -16, -8, -7, -1, 0, 1, 7, 8, 16, 127, 200]))
+        tensor([15, 10,  8,  7,  1,  0, 17, 23, 24, 26, 31, 31])
+    """
+    per_side, max_exact, thr = _core.thresholds(num_buckets, max_distance, bidirectional)
+    check_positions("relative_position", relative_position)
+    rp = relative_position.long()
+    if bidirectional:
+        offset = (rp > 0).long() * per_side
+        n = rp.abs()
+    else:
+        offset = torch.zeros_like(rp)
+        n = (-rp).clamp(min=0)
+    boundaries = torch.tensor(thr, dtype=torch.long, device=rp.device)
+    far = (max_exact + torch.bucketize(n, boundaries, right=True)).clamp(max=per_side - 1)
+    return offset + torch.where(n < max_exact, n, far)

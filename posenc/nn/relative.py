@@ -1,0 +1,75 @@
+"""``RelativePositionBias``: T5's learned, bucketed relative-position bias."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from posenc import _validate
+from posenc.core import relative as _core
+from posenc.functional import relative as _fr
+
+__all__ = ["RelativePositionBias"]
+
+
+class RelativePositionBias(nn.Module):
+    """T5 relative position bias (Raffel et al. 2020): a learned scalar per head and distance bucket.
+
+    ``forward(q_positions, k_positions)`` buckets ``k_j - q_i`` (exact thresholds, see
+    :mod:`posenc.core.relative`) and looks up ``weight[bucket, h]``, returning ``(H, S, S_k)`` for
+    1-D positions or ``(B, H, S, S_k)`` for per-row positions.  T5 computes it once, in the first
+    layer, and shares it across layers: build it once per forward (or pass the module to
+    :func:`posenc.attention`).
+
+    Args:
+        num_heads: query heads ``H``.
+        num_buckets: buckets in total (T5: 32).
+        max_distance: distances from here on share the last bucket (T5: 128).
+        bidirectional: encoder-style (half the buckets for later keys) or decoder-style (later keys
+            share bucket 0).
+        device, dtype: of the weight ``(num_buckets, num_heads)``, initialised N(0, 1) as
+            ``nn.Embedding``; its state-dict key ``weight`` maps to Hugging Face's
+            ``relative_attention_bias.weight``.
+
+    Examples:
+        >>> RelativePositionBias(4)(torch.arange(5)).shape
+        torch.Size([4, 5, 5])
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
+        self.num_buckets, self.max_distance, self.bidirectional = _core.check_bucket_args(
+            num_buckets, max_distance, bidirectional
+        )
+        self.weight = nn.Parameter(torch.empty(self.num_buckets, self.num_heads, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight)
+
+    def buckets(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """Bucket of every (query, key) pair: ``(S, S_k)`` or ``(B, S, S_k)``."""
+        rel = -_fr.relative_distances(q_positions, k_positions)            # key - query
+        return _fr.relative_position_bucket(
+            rel, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
+
+    def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Bias for queries at ``q_positions`` and keys at ``k_positions`` (default: the same)."""
+        k_positions = q_positions if k_positions is None else k_positions
+        values = nn.functional.embedding(self.buckets(q_positions, k_positions), self.weight)  # (..., S, S_k, H)
+        return values.movedim(-1, -3)                                       # (..., H, S, S_k)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
+                f"bidirectional={self.bidirectional}")
