@@ -39,6 +39,8 @@ _EXPORTS = {
     "AlibiBias": "posenc.nn",
     "RelativePositionBias": "posenc.nn",
     "attention": "posenc.attn",
+    "list_encodings": "posenc.models.registry",
+    "TinyTransformer": "posenc.models",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
