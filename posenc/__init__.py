@@ -50,7 +50,14 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'posenc' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as err:
+        if err.name != "torch":
+            raise
+        raise ImportError(
+            f"posenc.{name} needs PyTorch: pip install 'posenc[torch]' (Keras users: import posenc.keras)"
+        ) from err
     globals()[name] = value
     return value
 

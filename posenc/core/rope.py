@@ -365,3 +365,27 @@ def inv_freq(dim: int, base: float, scaling: RopeScaling | None = None, seq_len:
 def xpos_zeta(dim: int) -> np.ndarray:
     """xPos per-pair decay base ``zeta_i = (2i/d + 0.4) / 1.4`` (Sun et al. 2022, arXiv:2212.10554)."""
     return (np.arange(0, dim, 2, dtype=np.float64) / dim + 0.4) / 1.4
+
+
+def scaling_to_config(scaling: RopeScaling | None) -> dict | None:
+    """A JSON-ready dict of a rule (``{"rule": name, **fields}``), for configs and serialization."""
+    if scaling is None:
+        return None
+    fields = dataclasses.asdict(scaling)
+    for key, value in fields.items():
+        if isinstance(value, tuple):
+            fields[key] = list(value)
+    return {"rule": scaling.name, **fields}
+
+
+def scaling_from_config(config: dict | RopeScaling | None) -> RopeScaling | None:
+    """Inverse of :func:`scaling_to_config`; unknown rules raise ``ValueError``."""
+    if config is None or isinstance(config, RopeScaling):
+        return config
+    if not isinstance(config, dict) or "rule" not in config:
+        raise TypeError(f"a scaling config must be a dict with a 'rule' key, got {config!r}")
+    fields = dict(config)
+    name = fields.pop("rule")
+    if name not in SCALINGS:
+        raise ValueError(f"unknown scaling rule {name!r}; choose from {', '.join(SCALINGS)}")
+    return SCALINGS[name](**fields)

@@ -1,0 +1,33 @@
+"""posenc for Keras 3: the same encodings, argument names and numbers on any Keras backend.
+
+Install with ``pip install "posenc[keras]"`` and pick the backend with ``KERAS_BACKEND``
+(``jax``, ``tensorflow`` or ``torch``).  Importing this package never imports torch itself; the
+tables come from the framework-free :mod:`posenc.core` (NumPy float64), as on the torch side.
+"""
+
+from posenc.core.rope import (
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    NTKScaling,
+    YarnScaling,
+)
+from posenc.keras.bias import AlibiBias, RelativePositionBias
+from posenc.keras.learned import LearnedPositionalEmbedding
+from posenc.keras.rotary import RotaryEmbedding
+from posenc.keras.sinusoidal import SinusoidalEncoding
+
+__all__ = [
+    "AlibiBias",
+    "DynamicNTKScaling",
+    "LearnedPositionalEmbedding",
+    "LinearScaling",
+    "Llama3Scaling",
+    "LongRopeScaling",
+    "NTKScaling",
+    "RelativePositionBias",
+    "RotaryEmbedding",
+    "SinusoidalEncoding",
+    "YarnScaling",
+]

@@ -1,0 +1,139 @@
+"""Keras ``RotaryEmbedding`` (RoFormer) with every scaling rule, mirroring posenc.nn."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from posenc import _validate
+from posenc.core import rope as _core
+from posenc.keras._common import exact_sin_cos, float32_angles, lookup, positions_or_range
+
+LAYOUTS = ("half", "interleaved")
+
+
+@keras.saving.register_keras_serializable(package="posenc")
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotates queries and keys; same arguments and defaults as :class:`posenc.nn.RotaryEmbedding`.
+
+    ``call(q, k, positions=None, offset=0, seq_dim=-2, seq_len=None)`` returns ``(q, k)``;
+    ``call(q)`` returns the rotated ``q`` alone (the torch module returns ``(q, None)``, but a Keras
+    graph output must be a tensor).
+    cos/sin tables for ``max_seq_len`` positions are computed at construction from exact angles
+    (the same NumPy core as the torch side, so the tables are bit-identical), times the rule's
+    attention factor, rounded once to float32; the rotation runs in float32 and rounds once to the
+    compute dtype.  Unknown rules raise; nothing falls back silently (unlike keras-hub's
+    ``rope_type``).  LongRoPE keeps a table for each factor set and switches strictly after the
+    original length; dynamic NTK past the original length, and any position past the tables, use
+    float32 angles computed in the graph.
+    """
+
+    def __init__(self, dim: int, *, max_seq_len: int = 4096, base: float = 10000.0, layout: str = "half",
+                 scaling: _core.RopeScaling | dict | None = None, xpos_scale_base: float | None = None,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.dim = _validate.check_int("dim", dim, minimum=2)
+        if self.dim % 2:
+            raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
+        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
+        self.base = _validate.check_float("base", base, positive=True)
+        self.layout = _validate.check_choice("layout", layout, LAYOUTS)
+        self.scaling = _core.scaling_from_config(scaling)
+        self.xpos_scale_base = None if xpos_scale_base is None else _validate.check_float(
+            "xpos_scale_base", xpos_scale_base, positive=True)
+        self.attention_factor = 1.0 if self.scaling is None else self.scaling.attention_factor()
+        self._tables = {"base": self._build(None)}
+        if isinstance(self.scaling, _core.LongRopeScaling):
+            self._tables["long"] = self._build(self.scaling.original_max_seq_len + 1)
+
+    def _build(self, seq_len):
+        freqs = _core.frequencies(self.dim, self.base, self.scaling, seq_len)
+        s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)
+        f = self.attention_factor
+        return (c * f).astype(np.float32), (s * f).astype(np.float32), np.array([float(x) for x in freqs])
+
+    def cos_sin(self, positions, seq_len=None):
+        """float32 ``(cos, sin)`` of shape ``positions.shape + (dim/2,)``."""
+        def pick(key):
+            cos_t, sin_t, inv = self._tables[key]
+            def analytic(which):
+                return lambda p: (ops.cos if which == "cos" else ops.sin)(float32_angles(p, inv)) * self.attention_factor
+            return lookup(cos_t, positions, analytic("cos")), lookup(sin_t, positions, analytic("sin"))
+
+        cos, sin = pick("base")
+        rule = self.scaling
+        if rule is not None and rule.length_dependent:
+            length = ops.max(positions) + 1 if seq_len is None else seq_len
+            longer = ops.greater(length, rule.original_max_seq_len)
+            if isinstance(rule, _core.LongRopeScaling):
+                cos_l, sin_l = pick("long")
+            else:   # dynamic NTK: the base grows with the length, in float32 in the graph
+                d = self.dim
+                stretch = rule.factor * ops.cast(length, "float32") / rule.original_max_seq_len - (rule.factor - 1)
+                new_base = self.base * ops.power(ops.maximum(stretch, 1.0), d / (d - 2))
+                exps = ops.convert_to_tensor(-np.arange(0, d, 2, dtype=np.float32) / d)
+                inv = ops.power(new_base, exps)
+                angles = ops.expand_dims(ops.cast(positions, "float32"), -1) * inv
+                cos_l, sin_l = ops.cos(angles), ops.sin(angles)
+            cos, sin = ops.where(longer, cos_l, cos), ops.where(longer, sin_l, sin)
+        return cos, sin
+
+    def _rotate(self, x, cos, sin, key: bool, positions, seq_axis: int):
+        h = self.dim // 2
+        if self.xpos_scale_base is not None:
+            log_zeta = ops.convert_to_tensor(np.log(_core.xpos_zeta(self.dim)).astype(np.float32))
+            power = ops.expand_dims(ops.cast(positions, "float32"), -1) / self.xpos_scale_base
+            scale = ops.exp(power * log_zeta * (-1.0 if key else 1.0))
+            scale = self._broadcast(scale, ops.ndim(x), seq_axis, positions)
+            cos, sin = cos * scale, sin * scale
+        x32 = ops.cast(x, "float32")
+        rot, rest = x32[..., : 2 * h], x32[..., 2 * h :]
+        if self.layout == "half":
+            x1, x2 = rot[..., :h], rot[..., h:]
+            out = ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        else:
+            pairs = ops.reshape(rot, (*ops.shape(rot)[:-1], h, 2))
+            x1, x2 = pairs[..., 0], pairs[..., 1]
+            out = ops.reshape(ops.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1), ops.shape(rot))
+        if x.shape[-1] is not None and x.shape[-1] > 2 * h:
+            out = ops.concatenate([out, rest], axis=-1)
+        return ops.cast(out, self.compute_dtype)
+
+    @staticmethod
+    def _broadcast(t, ndim: int, seq_axis: int, positions):
+        """``(S, h)``/``(B, S, h)`` -> broadcastable against ``(..., D)`` with sequence at ``seq_axis``."""
+        batched = len(positions.shape) == 2
+        lead = 1 if batched else 0
+        # axes between the sequence axis and the features get size 1
+        for _ in range(ndim - 1 - seq_axis - 1):
+            t = ops.expand_dims(t, -2)
+        for _ in range(seq_axis - lead):
+            t = ops.expand_dims(t, lead)
+        return t
+
+    def call(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None):
+        for name, t in (("q", q), ("k", k)):
+            if t is not None and t.shape[-1] is not None and t.shape[-1] < self.dim:
+                raise ValueError(f"{name} has head dim {t.shape[-1]} < rotary dim {self.dim}")
+        ndim = len(q.shape)
+        seq_axis = seq_dim % ndim
+        if seq_axis == ndim - 1:
+            raise ValueError(f"seq_dim={seq_dim} is the feature axis; use -2 for (B, H, S, D) or 1 for (B, S, H, D)")
+        offset = _validate.check_int("offset", offset)
+        pos = positions_or_range(positions, ops.shape(q)[seq_axis], offset)
+        cos, sin = self.cos_sin(pos, seq_len)
+        cos, sin = self._broadcast(cos, ndim, seq_axis, pos), self._broadcast(sin, ndim, seq_axis, pos)
+        q_out = self._rotate(q, cos, sin, False, pos, seq_axis)
+        if k is None:
+            return q_out                     # Keras graph outputs must be tensors: no (q, None) pair
+        return q_out, self._rotate(k, cos, sin, True, pos, seq_axis)
+
+    def compute_output_spec(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None):
+        spec = keras.KerasTensor(q.shape, dtype=self.compute_dtype)
+        return spec if k is None else (spec, keras.KerasTensor(k.shape, dtype=self.compute_dtype))
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "dim": self.dim, "max_seq_len": self.max_seq_len, "base": self.base,
+                "layout": self.layout, "scaling": _core.scaling_to_config(self.scaling),
+                "xpos_scale_base": self.xpos_scale_base}

@@ -1,0 +1,83 @@
+"""Keras ``SinusoidalEncoding`` (Vaswani et al. 2017, section 3.5), mirroring posenc.nn."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from posenc import _validate
+from posenc.core import sinusoidal as _core
+from posenc.keras._common import exact_sin_cos, float32_angles, lookup, positions_or_range
+
+
+@keras.saving.register_keras_serializable(package="posenc")
+class SinusoidalEncoding(keras.layers.Layer):
+    """Adds the sinusoidal positional encoding: ``x * scale + PE`` (then dropout in training).
+
+    Same arguments as :class:`posenc.nn.SinusoidalEncoding` (without ``device``/``inplace``).  The
+    table of ``max_seq_len`` rows is computed at construction in NumPy from exact angles and rounded
+    once to float32; the sum is formed in float32 and rounded once to the layer's compute dtype, so
+    ``mixed_bfloat16``/``mixed_float16`` policies get the exact result rounded to their dtype.
+    Positions past the table use float32 angles computed in the graph (error up to about
+    ``position * 6e-8``), since JAX has no float64 by default.
+
+    Examples:
+        >>> import keras
+        >>> SinusoidalEncoding(6, max_seq_len=10)(keras.ops.zeros((1, 2, 6)))[0, 1].tolist()  # doctest: +ELLIPSIS
+        [0.84147..., 0.54030..., 0.04639..., 0.99892..., 0.00215..., 0.99999...]
+    """
+
+    def __init__(self, dim: int, *, max_seq_len: int = 2048, base: float = 10000.0, layout: str = "interleaved",
+                 scale: float = 1.0, dropout: float = 0.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.dim = _validate.check_int("dim", dim, minimum=1)
+        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
+        self.base = _validate.check_float("base", base, positive=True)
+        self.layout = _validate.check_choice("layout", layout, _core.LAYOUTS)
+        self.scale = _validate.check_float("scale", scale)
+        self.dropout = _validate.check_float("dropout", dropout, minimum=0.0)
+        if self.dropout >= 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        freqs = _core.frequencies(self.dim, self.base, self.layout)
+        s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)
+        self._table = _core.assemble(s, c, self.dim, self.layout).astype(np.float32)      # (P, D), one rounding
+        self._inv_freq = np.array([float(f) for f in freqs])
+        self._drop = keras.layers.Dropout(self.dropout) if self.dropout else None
+
+    def table(self, length: int | None = None) -> np.ndarray:
+        """The ``(length, D)`` float32 table (NumPy), rows ``0 .. length - 1``."""
+        length = self.max_seq_len if length is None else _validate.check_int("length", length, minimum=0)
+        if length <= self.max_seq_len:
+            return self._table[:length]
+        s, c = exact_sin_cos(np.arange(length), _core.frequencies(self.dim, self.base, self.layout))
+        return _core.assemble(s, c, self.dim, self.layout).astype(np.float32)
+
+    def _analytic(self, positions):
+        angles = float32_angles(positions, self._inv_freq)
+        s, c = ops.sin(angles), ops.cos(angles)
+        if self.layout == "interleaved":
+            pairs = ops.stack([s, c], axis=-1)
+            flat = ops.reshape(pairs, (*ops.shape(pairs)[:-2], 2 * self._inv_freq.size))
+            return flat[..., : self.dim]
+        parts = [s, c[..., : self.dim // 2]] if self.layout == "concat" else [s, c] + (
+            [ops.zeros_like(s[..., :1])] if self.dim % 2 else [])
+        return ops.concatenate(parts, axis=-1)
+
+    def call(self, x, positions=None, offset: int = 0, training=None):
+        if x.shape[-1] is not None and x.shape[-1] != self.dim:
+            raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
+        offset = _validate.check_int("offset", offset)
+        pos = positions_or_range(positions, ops.shape(x)[-2], offset)
+        pe = lookup(self._table, pos, self._analytic)                                    # (..., S, D) float32
+        out = ops.cast(ops.cast(x, "float32") * self.scale + pe, self.compute_dtype)
+        if self._drop is not None:
+            out = self._drop(out, training=training)
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "dim": self.dim, "max_seq_len": self.max_seq_len, "base": self.base,
+                "layout": self.layout, "scale": self.scale, "dropout": self.dropout}
