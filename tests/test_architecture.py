@@ -14,8 +14,9 @@ ROOT = pathlib.Path(posenc.__file__).parent
 # layer -> posenc layers it may import (_validate is plain Python, so core may share its checks)
 ALLOWED = {
     "core": {"core", "_validate"},
-    "functional": {"core", "functional", "_validate"},
-    "nn": {"core", "functional", "nn", "_validate"},
+    "functional": {"core", "functional", "_validate", "kernels"},
+    "nn": {"core", "functional", "nn", "_validate", "kernels"},
+    "kernels": {"kernels"},
 }
 
 

@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 LAYOUTS = ("half", "interleaved")
+#: ``"auto"`` uses the Triton kernel for CUDA tensors when Triton imports and the case is supported
+#: (4-D q/k with the sequence on axis 1 or 2, float16/bfloat16/float32), else the torch path.
+BACKENDS = ("auto", "torch", "triton")
 #: Elements per block of the cache-blocked in-place path (float32: 1 MiB).
 _BLOCK = 1 << 18
 
@@ -288,6 +291,36 @@ def _rotate_blocked(src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin
             db.copy_(work)                                                 # one rounding to x's dtype
 
 
+def _triton_case(x: torch.Tensor, seq_dim: int | None) -> str | None:
+    """Why the Triton kernel cannot take ``x`` (None if it can)."""
+    if x.dim() != 4:
+        return f"x must be 4-D (B, H, S, D) or (B, S, H, D), got {x.dim()}-D"
+    if seq_dim not in (1, 2):
+        return "the sequence axis must be 1 or 2 of a 4-D tensor"
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dtype {x.dtype} is not supported by the kernel (float16, bfloat16, float32)"
+    return None
+
+
+def use_triton(backend: str, x: torch.Tensor, why_not: str | None) -> bool:
+    """Resolve ``backend`` for ``x``: the documented, deterministic dispatch rule."""
+    _validate.check_choice("backend", backend, BACKENDS)
+    if backend == "torch":
+        return False
+    from posenc.kernels import triton_available
+
+    if backend == "triton":
+        if not triton_available(x.device):
+            raise ValueError(
+                "backend='triton' needs Triton and a CUDA tensor (CPU tensors only with TRITON_INTERPRET=1); "
+                "use backend='torch' or 'auto'"
+            )
+        if why_not is not None:
+            raise ValueError(f"backend='triton' does not support this case: {why_not}; use backend='torch' or 'auto'")
+        return True
+    return x.device.type == "cuda" and why_not is None and triton_available(x.device)
+
+
 def apply_rope(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -295,6 +328,7 @@ def apply_rope(
     *,
     layout: str = "half",
     inplace: bool = False,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Rotate the first ``2 * cos.shape[-1]`` features of ``x``; the rest pass through unchanged.
 
@@ -305,6 +339,9 @@ def apply_rope(
             positions; from :func:`rope_cos_sin`.
         layout: ``"half"`` (pairs ``i, i + d/2``) or ``"interleaved"`` (pairs ``2i, 2i + 1``).
         inplace: rotate ``x`` itself and return it (no output allocation; the fast path).
+        backend: ``"auto"`` (Triton for supported CUDA tensors, else torch), ``"torch"`` or
+            ``"triton"`` (raises if the kernel cannot take the case).  The kernel takes 4-D ``x``
+            with one ``(S, d/2)`` row set broadcast along axis 2 (or ``(S, 1, d/2)`` along axis 1).
 
     Returns:
         The rotated tensor, same shape and dtype as ``x``.
@@ -320,6 +357,21 @@ def apply_rope(
         tensor([[0.5403, 0.8415]])
     """
     h = _check_rope_args(x, cos, sin, layout)
+    if backend != "torch":
+        rows = cos.reshape(-1, h) if cos.dim() >= 2 else None
+        seq_dim = None
+        if x.dim() == 4 and rows is not None and rows.shape[0] > 1:
+            if tuple(cos.shape[-3:]) in ((rows.shape[0], 1, h),) and cos.numel() == rows.numel() and x.shape[1] == rows.shape[0]:
+                seq_dim = 1
+            elif tuple(cos.shape[-2:]) == (rows.shape[0], h) and cos.numel() == rows.numel() and x.shape[2] == rows.shape[0]:
+                seq_dim = 2
+        why = _triton_case(x, seq_dim) if seq_dim is not None else "cos/sin must be one (S, d/2) row set shared by the batch"
+        if not (cos.requires_grad or sin.requires_grad) and use_triton(backend, x, why):
+            from posenc.kernels import triton_rope
+
+            c = rows.to(torch.float32).contiguous()
+            s = sin.reshape(-1, h).to(torch.float32).contiguous()
+            return triton_rope.rope_qk(x, None, c, s, None, 0, layout == "interleaved", seq_dim, inplace)[0]
     differentiable = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
     if differentiable or torch.compiler.is_compiling():
         rot = _rotate_reference(x, cos, sin, h, layout)
@@ -391,6 +443,7 @@ def apply_rope_qk(
     layout: str = "half",
     seq_dim: int = -2,
     inplace: bool = False,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate queries and keys together from ``(P, d/2)`` cos/sin tables.
 
@@ -407,6 +460,8 @@ def apply_rope_qk(
         layout: ``"half"`` or ``"interleaved"``.
         seq_dim: the sequence axis of q and k.
         inplace: rotate q and k in place.
+        backend: ``"auto"``, ``"torch"`` or ``"triton"`` (the fused kernel: one launch for q and k,
+            reading the tables directly).
 
     Returns:
         ``(q_rotated, k_rotated)`` (``k_rotated`` is None when ``k`` is None).
@@ -426,6 +481,14 @@ def apply_rope_qk(
             raise ValueError(f"positions must have shape (S,) or (B, S) with S={seq_len}, got {tuple(positions.shape)}")
         if offset:
             raise ValueError("pass either positions or offset, not both (add the offset to positions)")
+    why = _triton_case(q, sd) or (None if k is None else _triton_case(k, sd))
+    if use_triton(backend, q, why):
+        _rows(cos, positions, offset, seq_len)                              # the same range checks, same errors
+        from posenc.kernels import triton_rope
+
+        pos = None if positions is None else positions.to(q.device)
+        return triton_rope.rope_qk(q, k, cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(), pos,
+                                   offset, layout == "interleaved", sd, inplace)
     c = broadcast_rows(_rows(cos, positions, offset, seq_len), q.dim(), sd)
     s = broadcast_rows(_rows(sin, positions, offset, seq_len), q.dim(), sd)
     q_out = apply_rope(q, c, s, layout=layout, inplace=inplace)

@@ -58,6 +58,9 @@ class RotaryEmbedding(TableModule):
             consistent; the key scale stays finite in float32 only for
             ``|position| < 70 * xpos_scale_base`` (``zeta_0^-p`` overflows beyond), and larger
             positions raise ``ValueError``.
+        backend: ``"auto"`` (the fused Triton kernel for CUDA tensors when Triton imports and the
+            case is supported: no xPos, positions inside the table, the table's frequencies; else
+            the torch path), ``"torch"`` or ``"triton"`` (raises when the kernel cannot take a call).
         device: device of the tables.
 
     Shape:
@@ -90,6 +93,7 @@ class RotaryEmbedding(TableModule):
         layout: str = "half",
         scaling: _core.RopeScaling | None = None,
         xpos_scale_base: float | None = None,
+        backend: str = "auto",
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
@@ -99,6 +103,7 @@ class RotaryEmbedding(TableModule):
         self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
         self.base = _validate.check_float("base", base, positive=True)
         self.layout = _validate.check_choice("layout", layout, _fr.LAYOUTS)
+        self.backend = _validate.check_choice("backend", backend, _fr.BACKENDS)
         # validates scaling and base too
         freqs = _core.frequencies(self.dim, self.base, scaling, None)
         self.scaling = scaling
@@ -236,11 +241,36 @@ class RotaryEmbedding(TableModule):
         if seq_len is not None:
             seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
         positions = self._positions(q, sd, positions, offset)
+        if self.backend != "torch":
+            why = self._triton_why_not(q, k, sd, positions, seq_len)
+            if _fr.use_triton(self.backend, q, why):
+                from posenc.kernels import triton_rope
+
+                return triton_rope.rope_qk(q, k, self.cos_table, self.sin_table, positions, 0,
+                                           self.layout == "interleaved", sd, inplace)
         tables = self._tables(q, positions, sd, seq_len)                          # once for q and k
         q_out = self._rotate(q, positions, sd, key=False, inplace=inplace, seq_len=seq_len, tables=tables)
         k_out = None if k is None else self._rotate(k, positions, sd, key=True, inplace=inplace, seq_len=seq_len,
                                                      tables=tables)
         return q_out, k_out
+
+    def _triton_why_not(self, q, k, sd, positions, seq_len) -> str | None:
+        """Why the fused kernel cannot take this call (None if it can)."""
+        why = _fr._triton_case(q, sd) or (None if k is None else _fr._triton_case(k, sd))
+        if why:
+            return why
+        if self.xpos_scale_base is not None:
+            return "xPos scales are applied by the torch path"
+        if torch.compiler.is_compiling():
+            return None if self.scaling is None or not self.scaling.length_dependent else "length-dependent rule"
+        lo, hi = (int(positions.min()), int(positions.max())) if positions.numel() else (0, 0)
+        if lo < 0 or hi >= self.max_seq_len:
+            return f"positions [{lo}, {hi}] go past the table of {self.max_seq_len} rows (the torch path computes them)"
+        if self.scaling is not None and self.scaling.length_dependent:
+            length = seq_len if seq_len is not None else hi + 1
+            if self.scaling.frequencies(self.dim, self.base, length) != self._freqs:
+                return f"the rule's frequencies for seq_len={length} differ from the table's"
+        return None
 
     def rotate(
         self,

@@ -1,0 +1,166 @@
+"""Fused RoPE for q and k in one Triton launch (both layouts, partial rotary, GQA, any strides).
+
+Each program takes one token ``(b, s)``: it reads the token's position, one row of the exact
+float32 cos/sin tables (GPU ``sin``/``cos`` of large float32 angles would lose the exactness of the
+tables), and rotates every head of q and then of k in float32, rounding once to the output dtype.
+q and k are read once and written once, which is the memory-bound minimum.  The backward pass is
+the same kernel rotating by ``-theta`` (``CONJ``): rotations are orthogonal, so the gradient of
+``R x`` is ``R^T g``; nothing is saved but the tables and the positions.
+
+The kernel is registered as the custom op ``posenc::rope_qk`` (with a fake implementation and an
+autograd formula), so ``torch.compile(fullgraph=True)`` traces it without graph breaks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["rope_qk"]
+
+
+@triton.jit
+def _rope_qk_kernel(
+    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+    S, HQ, HK, H2, offset,
+    sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
+    so_b, so_s, so_h, so_d, sko_b, sko_s, sko_h, sko_d,
+    sp_b, sp_s,
+    HAS_POS: tl.constexpr, HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tok = tl.program_id(0)
+    b = tok // S
+    s = tok % S
+    if HAS_POS:
+        pos = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
+    else:
+        pos = (s + offset).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < H2
+    c = tl.load(cos_ptr + pos * H2 + offs_d, mask=mask_d, other=1.0)[None, :]
+    sn = tl.load(sin_ptr + pos * H2 + offs_d, mask=mask_d, other=0.0)[None, :]
+    if CONJ:
+        sn = -sn
+    if INTERLEAVED:
+        d1 = (2 * offs_d)[None, :]
+        d2 = (2 * offs_d + 1)[None, :]
+    else:
+        d1 = offs_d[None, :]
+        d2 = (offs_d + H2)[None, :]
+    for h0 in range(0, HQ, BLOCK_H):
+        offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+        m = (offs_h < HQ) & mask_d[None, :]
+        src = q_ptr + b * sq_b + s * sq_s + offs_h * sq_h
+        x1 = tl.load(src + d1 * sq_d, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + d2 * sq_d, mask=m, other=0.0).to(tl.float32)
+        dst = qo_ptr + b * so_b + s * so_s + offs_h * so_h
+        tl.store(dst + d1 * so_d, (x1 * c - x2 * sn).to(qo_ptr.dtype.element_ty), mask=m)
+        tl.store(dst + d2 * so_d, (x2 * c + x1 * sn).to(qo_ptr.dtype.element_ty), mask=m)
+    if HAS_K:
+        for h0 in range(0, HK, BLOCK_H):
+            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            m = (offs_h < HK) & mask_d[None, :]
+            src = k_ptr + b * sk_b + s * sk_s + offs_h * sk_h
+            x1 = tl.load(src + d1 * sk_d, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(src + d2 * sk_d, mask=m, other=0.0).to(tl.float32)
+            dst = ko_ptr + b * sko_b + s * sko_s + offs_h * sko_h
+            tl.store(dst + d1 * sko_d, (x1 * c - x2 * sn).to(ko_ptr.dtype.element_ty), mask=m)
+            tl.store(dst + d2 * sko_d, (x2 * c + x1 * sn).to(ko_ptr.dtype.element_ty), mask=m)
+
+
+def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:
+    """``(heads, stride_b, stride_s, stride_h, stride_d)`` of a 4-D (B, H, S, D) or (B, S, H, D) tensor."""
+    if seq_dim == 2:
+        return t.shape[1], t.stride(0), t.stride(2), t.stride(1), t.stride(3)
+    return t.shape[2], t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def launch(q, k, qo, ko, cos, sin, positions, offset: int, interleaved: bool, seq_dim: int, conj: bool) -> None:
+    """Rotate ``q`` (and ``k``) into ``qo`` (and ``ko``); they may alias for in-place rotation."""
+    B, S = q.shape[0], q.shape[seq_dim]
+    h2 = cos.shape[-1]
+    hq, *sq = _axes(q, seq_dim)
+    _, *so = _axes(qo, seq_dim)
+    if k is not None:
+        hk, *sk = _axes(k, seq_dim)
+        _, *sko = _axes(ko, seq_dim)
+    else:
+        hk, sk, sko, k, ko = 0, [0, 0, 0, 0], [0, 0, 0, 0], q, qo
+    if positions is not None:
+        sp = (0, positions.stride(0)) if positions.dim() == 1 else (
+            positions.stride(0) if positions.shape[0] > 1 else 0, positions.stride(1))
+    else:
+        sp = (0, 0)
+    block_d = triton.next_power_of_2(h2)
+    block_h = max(1, min(triton.next_power_of_2(max(hq, hk, 1)), max(1, 4096 // block_d)))
+    _rope_qk_kernel[(B * S,)](
+        q, k, qo, ko, cos, sin, positions if positions is not None else cos,
+        S, hq, hk, h2, offset, *sq, *sk, *so, *sko, *sp,
+        HAS_POS=positions is not None, HAS_K=hk > 0, INTERLEAVED=interleaved, CONJ=conj,
+        BLOCK_H=block_h, BLOCK_D=block_d,
+    )
+
+
+def _new_like(x: torch.Tensor, rotary: int) -> torch.Tensor:
+    out = torch.empty_like(x)
+    if rotary < x.shape[-1]:
+        out[..., rotary:] = x[..., rotary:]                                # pass-through features
+    return out
+
+
+@torch.library.custom_op("posenc::rope_qk", mutates_args=())
+def _rope_qk_op(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                positions: torch.Tensor | None, offset: int, interleaved: bool, seq_dim: int,
+                conj: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    rotary = 2 * cos.shape[-1]
+    qo = _new_like(q, rotary)
+    ko = _new_like(k, rotary) if k is not None else q.new_empty(0)
+    launch(q, k, qo, ko if k is not None else None, cos, sin, positions, offset, interleaved, seq_dim, conj)
+    return qo, ko
+
+
+@_rope_qk_op.register_fake
+def _(q, k, cos, sin, positions, offset, interleaved, seq_dim, conj):
+    return torch.empty_like(q), (torch.empty_like(k) if k is not None else q.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, cos, sin, positions, offset, interleaved, seq_dim, conj = inputs
+    ctx.save_for_backward(cos, sin, positions if positions is not None else cos.new_empty(0))
+    ctx.has_pos = positions is not None
+    ctx.has_k = k is not None
+    ctx.args = (offset, interleaved, seq_dim, conj)
+
+
+def _backward(ctx, grad_q, grad_k):
+    cos, sin, positions = ctx.saved_tensors
+    offset, interleaved, seq_dim, conj = ctx.args
+    gq, gk = _rope_qk_op(grad_q.contiguous(), grad_k.contiguous() if ctx.has_k else None, cos, sin,
+                         positions if ctx.has_pos else None, offset, interleaved, seq_dim, not conj)
+    return gq, (gk if ctx.has_k else None), None, None, None, None, None, None, None
+
+
+_rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+            positions: torch.Tensor | None, offset: int, interleaved: bool, seq_dim: int,
+            inplace: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotate q and k with tables ``cos``/``sin`` ``(P, d/2)`` (float32, contiguous).
+
+    ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; ``positions`` is ``(S,)``,
+    ``(B, S)`` or None (then ``offset + arange(S)``).  Callers validate the arguments.
+    """
+    grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    if inplace and not grad and not torch.compiler.is_compiling():
+        launch(q, k, q, k, cos, sin, positions, offset, interleaved, seq_dim, False)
+        return q, k
+    qo, ko = _rope_qk_op(q, k, cos, sin, positions, offset, interleaved, seq_dim, False)
+    if inplace:
+        q.copy_(qo)
+        if k is not None:
+            k.copy_(ko)
+        return q, k
+    return qo, (ko if k is not None else None)

@@ -1,0 +1,129 @@
+"""The fused Triton RoPE kernel, run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1),
+compared with the torch reference forward and backward."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton decorates the kernel
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install triton)")
+
+import posenc  # noqa: E402
+from posenc.functional import rope as R  # noqa: E402
+from tests.reference.oracle import ulps  # noqa: E402
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("TRITON_INTERPRET was set to something other than 1 before this module", allow_module_level=True)
+
+
+def tables(rows, dim):
+    inv, _ = R.rope_inv_freq(dim)
+    return R.rope_cos_sin(torch.arange(rows), inv)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seq_dim", [2, 1])
+def test_forward_matches_reference_on_strided_gqa_views(layout, dtype, seq_dim):
+    torch.manual_seed(0)
+    B, S, Hq, Hk, D, rot = 2, 37, 4, 2, 24, 16                    # odd length, GQA, partial rotary
+    fused = torch.randn(B, S, Hq + 2 * Hk, D).to(dtype)           # a fused qkv projection output
+    q, k = fused[:, :, :Hq], fused[:, :, Hq : Hq + Hk]             # strided views (B, S, H, D)
+    if seq_dim == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)                # (B, H, S, D), still views
+    cos, sin = tables(64, rot)
+    positions = torch.randint(0, 64, (B, S))
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, backend="triton")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, backend="torch")
+    for got, ref in ((qt, qr), (kt, kr)):
+        assert got.dtype == dtype and got.shape == ref.shape
+        tol = ulps(dtype, ref.double()) if dtype != torch.float32 else torch.full_like(ref.double(), 2e-6)
+        assert bool(((got.double() - ref.double()).abs() <= tol).all())
+        assert torch.equal(got[..., rot:], ref[..., rot:])        # pass-through untouched
+
+
+def test_offset_and_1d_positions():
+    q, k = torch.randn(1, 3, 9, 16), torch.randn(1, 1, 9, 16)
+    cos, sin = tables(32, 16)
+    a = R.apply_rope_qk(q, k, cos, sin, offset=5, backend="triton")
+    b = R.apply_rope_qk(q, k, cos, sin, positions=torch.arange(5, 14), backend="triton")
+    c = R.apply_rope_qk(q, k, cos, sin, offset=5, backend="torch")
+    for x, y, z in zip(a, b, c, strict=True):
+        assert torch.equal(x, y)
+        torch.testing.assert_close(x, z, rtol=0, atol=2e-6)
+
+
+def test_inplace():
+    q, k = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    cos, sin = tables(16, 8)
+    ref = R.apply_rope_qk(q, k, cos, sin, backend="torch")
+    q2, k2 = q.clone(), k.clone()
+    out = R.apply_rope_qk(q2, k2, cos, sin, inplace=True, backend="triton")
+    assert out[0] is q2 and out[1] is k2
+    torch.testing.assert_close(q2, ref[0], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_backward_rotates_by_minus_theta_and_matches_reference(layout):
+    torch.manual_seed(1)
+    q = torch.randn(2, 3, 11, 12, requires_grad=True)
+    k = torch.randn(2, 1, 11, 12, requires_grad=True)
+    cos, sin = tables(16, 8)
+    gq, gk = torch.randn(2, 3, 11, 12), torch.randn(2, 1, 11, 12)
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, backend="triton")
+    torch.autograd.backward([qt, kt], [gq, gk])
+    grads_t = q.grad.clone(), k.grad.clone()
+    q.grad = k.grad = None
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, backend="torch")
+    torch.autograd.backward([qr, kr], [gq, gk])
+    torch.testing.assert_close(grads_t[0], q.grad, rtol=0, atol=2e-6)
+    torch.testing.assert_close(grads_t[1], k.grad, rtol=0, atol=2e-6)
+
+
+def test_apply_rope_and_module_dispatch():
+    x = torch.randn(2, 3, 10, 16)
+    cos, sin = tables(10, 16)
+    torch.testing.assert_close(R.apply_rope(x, cos, sin, backend="triton"), R.apply_rope(x, cos, sin, backend="torch"),
+                               rtol=0, atol=2e-6)
+    rope_t = posenc.RotaryEmbedding(16, max_seq_len=32, backend="triton")
+    rope_r = posenc.RotaryEmbedding(16, max_seq_len=32, backend="torch")
+    for a, b in zip(rope_t(x, x, offset=3), rope_r(x, x, offset=3), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
+    # "auto" keeps CPU tensors on the torch path even here
+    assert R.use_triton("auto", x, None) is False
+
+
+def test_positions_past_the_table_are_rejected_or_computed_never_wrong():
+    x = torch.randn(1, 2, 4, 8)
+    cos, sin = tables(8, 8)
+    with pytest.raises(ValueError, match="outside the cos/sin table"):
+        R.apply_rope_qk(x, None, cos, sin, offset=6, backend="triton")
+    with pytest.raises(ValueError, match=r"must lie in \[0, 8\)"):
+        R.apply_rope_qk(x, None, cos, sin, positions=torch.tensor([0, 1, 2, 8]), backend="triton")
+    with pytest.raises(ValueError, match="go past the table"):
+        posenc.RotaryEmbedding(8, max_seq_len=8, backend="triton")(x, offset=6)
+    out, _ = posenc.RotaryEmbedding(8, max_seq_len=8, backend="auto")(x, offset=6)    # computed on the torch path
+    ref, _ = posenc.RotaryEmbedding(8, max_seq_len=64, backend="torch")(x, offset=6)
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-6)
+
+
+def test_unsupported_cases_raise_for_explicit_triton():
+    cos, sin = tables(8, 8)
+    with pytest.raises(ValueError, match="does not support this case"):
+        R.apply_rope(torch.randn(3, 8), cos[:3], sin[:3], backend="triton")
+    with pytest.raises(ValueError, match="xPos"):
+        posenc.RotaryEmbedding(8, xpos_scale_base=64.0, backend="triton")(torch.randn(1, 1, 3, 8))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        R.apply_rope(torch.randn(1, 1, 3, 8), cos[:3], sin[:3], backend="cuda")
+
+
+def test_torch_compile_fullgraph_traces_the_custom_op():
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    cos, sin = tables(8, 8)
+    f = torch.compile(lambda q, k: R.apply_rope_qk(q, k, cos, sin, backend="triton"), fullgraph=True, backend="eager")
+    a, b = f(q, k)
+    ref = R.apply_rope_qk(q, k, cos, sin, backend="torch")
+    torch.testing.assert_close(a, ref[0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(b, ref[1], rtol=0, atol=2e-6)
