@@ -13,10 +13,13 @@ import torch
 
 __all__ = ["triton_available"]
 
+# Decided once, at import, so that the dispatch rule is a constant inside torch.compile graphs.
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
 
 def triton_available(device: torch.device) -> bool:
     """True when the Triton kernel can run on ``device`` here."""
-    if importlib.util.find_spec("triton") is None:
+    if not _HAS_TRITON:
         return False
     if device.type == "cuda":
         return True

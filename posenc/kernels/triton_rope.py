@@ -44,30 +44,48 @@ def _rope_qk_kernel(
     if CONJ:
         sn = -sn
     if INTERLEAVED:
-        d1 = (2 * offs_d)[None, :]
-        d2 = (2 * offs_d + 1)[None, :]
+        # pairs (2i, 2i + 1): load each row contiguously, split the pairs in registers, join back
+        offs = tl.arange(0, 2 * BLOCK_D)
+        mask2 = offs < 2 * H2
+        d = offs[None, :]
+        for h0 in range(0, HQ, BLOCK_H):
+            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            m = (offs_h < HQ) & mask2[None, :]
+            x = tl.load(q_ptr + b * sq_b + s * sq_s + offs_h * sq_h + d * sq_d, mask=m, other=0.0).to(tl.float32)
+            x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D, 2)))
+            out = tl.reshape(tl.join(x1 * c - x2 * sn, x2 * c + x1 * sn), (BLOCK_H, 2 * BLOCK_D))
+            tl.store(qo_ptr + b * so_b + s * so_s + offs_h * so_h + d * so_d, out.to(qo_ptr.dtype.element_ty), mask=m)
+        if HAS_K:
+            for h0 in range(0, HK, BLOCK_H):
+                offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+                m = (offs_h < HK) & mask2[None, :]
+                x = tl.load(k_ptr + b * sk_b + s * sk_s + offs_h * sk_h + d * sk_d, mask=m, other=0.0).to(tl.float32)
+                x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D, 2)))
+                out = tl.reshape(tl.join(x1 * c - x2 * sn, x2 * c + x1 * sn), (BLOCK_H, 2 * BLOCK_D))
+                tl.store(ko_ptr + b * sko_b + s * sko_s + offs_h * sko_h + d * sko_d, out.to(ko_ptr.dtype.element_ty),
+                         mask=m)
     else:
         d1 = offs_d[None, :]
         d2 = (offs_d + H2)[None, :]
-    for h0 in range(0, HQ, BLOCK_H):
-        offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
-        m = (offs_h < HQ) & mask_d[None, :]
-        src = q_ptr + b * sq_b + s * sq_s + offs_h * sq_h
-        x1 = tl.load(src + d1 * sq_d, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(src + d2 * sq_d, mask=m, other=0.0).to(tl.float32)
-        dst = qo_ptr + b * so_b + s * so_s + offs_h * so_h
-        tl.store(dst + d1 * so_d, (x1 * c - x2 * sn).to(qo_ptr.dtype.element_ty), mask=m)
-        tl.store(dst + d2 * so_d, (x2 * c + x1 * sn).to(qo_ptr.dtype.element_ty), mask=m)
-    if HAS_K:
-        for h0 in range(0, HK, BLOCK_H):
+        for h0 in range(0, HQ, BLOCK_H):
             offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
-            m = (offs_h < HK) & mask_d[None, :]
-            src = k_ptr + b * sk_b + s * sk_s + offs_h * sk_h
-            x1 = tl.load(src + d1 * sk_d, mask=m, other=0.0).to(tl.float32)
-            x2 = tl.load(src + d2 * sk_d, mask=m, other=0.0).to(tl.float32)
-            dst = ko_ptr + b * sko_b + s * sko_s + offs_h * sko_h
-            tl.store(dst + d1 * sko_d, (x1 * c - x2 * sn).to(ko_ptr.dtype.element_ty), mask=m)
-            tl.store(dst + d2 * sko_d, (x2 * c + x1 * sn).to(ko_ptr.dtype.element_ty), mask=m)
+            m = (offs_h < HQ) & mask_d[None, :]
+            src = q_ptr + b * sq_b + s * sq_s + offs_h * sq_h
+            x1 = tl.load(src + d1 * sq_d, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(src + d2 * sq_d, mask=m, other=0.0).to(tl.float32)
+            dst = qo_ptr + b * so_b + s * so_s + offs_h * so_h
+            tl.store(dst + d1 * so_d, (x1 * c - x2 * sn).to(qo_ptr.dtype.element_ty), mask=m)
+            tl.store(dst + d2 * so_d, (x2 * c + x1 * sn).to(qo_ptr.dtype.element_ty), mask=m)
+        if HAS_K:
+            for h0 in range(0, HK, BLOCK_H):
+                offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+                m = (offs_h < HK) & mask_d[None, :]
+                src = k_ptr + b * sk_b + s * sk_s + offs_h * sk_h
+                x1 = tl.load(src + d1 * sk_d, mask=m, other=0.0).to(tl.float32)
+                x2 = tl.load(src + d2 * sk_d, mask=m, other=0.0).to(tl.float32)
+                dst = ko_ptr + b * sko_b + s * sko_s + offs_h * sko_h
+                tl.store(dst + d1 * sko_d, (x1 * c - x2 * sn).to(ko_ptr.dtype.element_ty), mask=m)
+                tl.store(dst + d2 * sko_d, (x2 * c + x1 * sn).to(ko_ptr.dtype.element_ty), mask=m)
 
 
 def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:
@@ -99,7 +117,7 @@ def launch(q, k, qo, ko, cos, sin, positions, offset: int, interleaved: bool, se
         q, k, qo, ko, cos, sin, positions if positions is not None else cos,
         S, hq, hk, h2, offset, *sq, *sk, *so, *sko, *sp,
         HAS_POS=positions is not None, HAS_K=hk > 0, INTERLEAVED=interleaved, CONJ=conj,
-        BLOCK_H=block_h, BLOCK_D=block_d,
+        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 1024 else 8,
     )
 
 
