@@ -27,9 +27,36 @@ import functools
 
 import numpy as np
 
+from posenc import _validate
 from posenc.core import exact
 
 LAYOUTS = ("interleaved", "concat", "tensor2tensor")
+INITS = ("normal", "sinusoidal", "zeros")
+
+
+def check_encoding_args(dim, max_seq_len, base, layout, scale, dropout) -> tuple[int, int, float, str, float, float]:
+    """Validated ``SinusoidalEncoding`` arguments (shared by the torch and Keras layers)."""
+    dim = _validate.check_int("dim", dim, minimum=1)
+    max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
+    base = _validate.check_float("base", base, positive=True)
+    layout = _validate.check_choice("layout", layout, LAYOUTS)
+    scale = _validate.check_float("scale", scale)
+    dropout = _validate.check_float("dropout", dropout, minimum=0.0)
+    if dropout >= 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    return dim, max_seq_len, base, layout, scale, dropout
+
+
+def check_learned_args(num_positions, dim, init, padding_idx) -> tuple[int, int, str, int | None]:
+    """Validated ``LearnedPositionalEmbedding`` arguments (shared by the torch and Keras layers)."""
+    num_positions = _validate.check_int("num_positions", num_positions, minimum=1)
+    dim = _validate.check_int("dim", dim, minimum=1)
+    init = _validate.check_choice("init", init, INITS)
+    if padding_idx is not None:
+        padding_idx = _validate.check_int("padding_idx", padding_idx, minimum=0)
+        if padding_idx >= num_positions:
+            raise ValueError(f"padding_idx must be < num_positions={num_positions}, got {padding_idx}")
+    return num_positions, dim, init, padding_idx
 
 
 def num_frequencies(dim: int, layout: str) -> int:

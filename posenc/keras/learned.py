@@ -10,8 +10,6 @@ from posenc import _validate
 from posenc.core import sinusoidal as _core
 from posenc.keras._common import exact_sin_cos, positions_or_range
 
-_INITS = ("normal", "sinusoidal", "zeros")
-
 
 @keras.saving.register_keras_serializable(package="posenc")
 class LearnedPositionalEmbedding(keras.layers.Layer):
@@ -26,13 +24,8 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     def __init__(self, num_positions: int, dim: int, *, init: str = "normal", padding_idx: int | None = None,
                  **kwargs) -> None:
         super().__init__(**kwargs)
-        self.num_positions = _validate.check_int("num_positions", num_positions, minimum=1)
-        self.dim = _validate.check_int("dim", dim, minimum=1)
-        self.init = _validate.check_choice("init", init, _INITS)
-        if padding_idx is not None:
-            padding_idx = _validate.check_int("padding_idx", padding_idx, minimum=0)
-            if padding_idx >= self.num_positions:
-                raise ValueError(f"padding_idx must be < num_positions={self.num_positions}, got {padding_idx}")
+        self.num_positions, self.dim, self.init, padding_idx = _core.check_learned_args(
+            num_positions, dim, init, padding_idx)
         self.padding_idx = padding_idx
         if self.init == "sinusoidal":
             freqs = _core.frequencies(self.dim, 10000.0, "interleaved")

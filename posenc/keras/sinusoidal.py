@@ -31,14 +31,8 @@ class SinusoidalEncoding(keras.layers.Layer):
     def __init__(self, dim: int, *, max_seq_len: int = 2048, base: float = 10000.0, layout: str = "interleaved",
                  scale: float = 1.0, dropout: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.dim = _validate.check_int("dim", dim, minimum=1)
-        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
-        self.base = _validate.check_float("base", base, positive=True)
-        self.layout = _validate.check_choice("layout", layout, _core.LAYOUTS)
-        self.scale = _validate.check_float("scale", scale)
-        self.dropout = _validate.check_float("dropout", dropout, minimum=0.0)
-        if self.dropout >= 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.dim, self.max_seq_len, self.base, self.layout, self.scale, self.dropout = _core.check_encoding_args(
+            dim, max_seq_len, base, layout, scale, dropout)
         freqs = _core.frequencies(self.dim, self.base, self.layout)
         s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)
         self._table = _core.assemble(s, c, self.dim, self.layout).astype(np.float32)      # (P, D), one rounding

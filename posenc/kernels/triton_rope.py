@@ -21,6 +21,35 @@ __all__ = ["rope_qk"]
 
 
 @triton.jit
+def _rotate_heads(src_ptr, dst_ptr, n_heads, s_h, s_d, o_h, o_d, c, sn, H2,
+                  INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rotate the first 2 * H2 features of ``n_heads`` heads of one token (float32 math)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    if INTERLEAVED:
+        # pairs (2i, 2i + 1): load each row contiguously, split the pairs in registers, join back
+        offs = tl.arange(0, 2 * BLOCK_D)
+        d = offs[None, :]
+        for h0 in range(0, n_heads, BLOCK_H):
+            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            m = (offs_h < n_heads) & (offs < 2 * H2)[None, :]
+            x = tl.load(src_ptr + offs_h * s_h + d * s_d, mask=m, other=0.0).to(tl.float32)
+            x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D, 2)))
+            out = tl.reshape(tl.join(x1 * c - x2 * sn, x2 * c + x1 * sn), (BLOCK_H, 2 * BLOCK_D))
+            tl.store(dst_ptr + offs_h * o_h + d * o_d, out.to(dst_ptr.dtype.element_ty), mask=m)
+    else:
+        # pairs (i, i + d/2): two contiguous half-rows
+        d1 = offs_d[None, :]
+        d2 = (offs_d + H2)[None, :]
+        for h0 in range(0, n_heads, BLOCK_H):
+            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            m = (offs_h < n_heads) & (offs_d < H2)[None, :]
+            x1 = tl.load(src_ptr + offs_h * s_h + d1 * s_d, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(src_ptr + offs_h * s_h + d2 * s_d, mask=m, other=0.0).to(tl.float32)
+            tl.store(dst_ptr + offs_h * o_h + d1 * o_d, (x1 * c - x2 * sn).to(dst_ptr.dtype.element_ty), mask=m)
+            tl.store(dst_ptr + offs_h * o_h + d2 * o_d, (x2 * c + x1 * sn).to(dst_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _rope_qk_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
     S, HQ, HK, H2, offset,
@@ -43,49 +72,11 @@ def _rope_qk_kernel(
     sn = tl.load(sin_ptr + pos * H2 + offs_d, mask=mask_d, other=0.0)[None, :]
     if CONJ:
         sn = -sn
-    if INTERLEAVED:
-        # pairs (2i, 2i + 1): load each row contiguously, split the pairs in registers, join back
-        offs = tl.arange(0, 2 * BLOCK_D)
-        mask2 = offs < 2 * H2
-        d = offs[None, :]
-        for h0 in range(0, HQ, BLOCK_H):
-            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
-            m = (offs_h < HQ) & mask2[None, :]
-            x = tl.load(q_ptr + b * sq_b + s * sq_s + offs_h * sq_h + d * sq_d, mask=m, other=0.0).to(tl.float32)
-            x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D, 2)))
-            out = tl.reshape(tl.join(x1 * c - x2 * sn, x2 * c + x1 * sn), (BLOCK_H, 2 * BLOCK_D))
-            tl.store(qo_ptr + b * so_b + s * so_s + offs_h * so_h + d * so_d, out.to(qo_ptr.dtype.element_ty), mask=m)
-        if HAS_K:
-            for h0 in range(0, HK, BLOCK_H):
-                offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
-                m = (offs_h < HK) & mask2[None, :]
-                x = tl.load(k_ptr + b * sk_b + s * sk_s + offs_h * sk_h + d * sk_d, mask=m, other=0.0).to(tl.float32)
-                x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D, 2)))
-                out = tl.reshape(tl.join(x1 * c - x2 * sn, x2 * c + x1 * sn), (BLOCK_H, 2 * BLOCK_D))
-                tl.store(ko_ptr + b * sko_b + s * sko_s + offs_h * sko_h + d * sko_d, out.to(ko_ptr.dtype.element_ty),
-                         mask=m)
-    else:
-        d1 = offs_d[None, :]
-        d2 = (offs_d + H2)[None, :]
-        for h0 in range(0, HQ, BLOCK_H):
-            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
-            m = (offs_h < HQ) & mask_d[None, :]
-            src = q_ptr + b * sq_b + s * sq_s + offs_h * sq_h
-            x1 = tl.load(src + d1 * sq_d, mask=m, other=0.0).to(tl.float32)
-            x2 = tl.load(src + d2 * sq_d, mask=m, other=0.0).to(tl.float32)
-            dst = qo_ptr + b * so_b + s * so_s + offs_h * so_h
-            tl.store(dst + d1 * so_d, (x1 * c - x2 * sn).to(qo_ptr.dtype.element_ty), mask=m)
-            tl.store(dst + d2 * so_d, (x2 * c + x1 * sn).to(qo_ptr.dtype.element_ty), mask=m)
-        if HAS_K:
-            for h0 in range(0, HK, BLOCK_H):
-                offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
-                m = (offs_h < HK) & mask_d[None, :]
-                src = k_ptr + b * sk_b + s * sk_s + offs_h * sk_h
-                x1 = tl.load(src + d1 * sk_d, mask=m, other=0.0).to(tl.float32)
-                x2 = tl.load(src + d2 * sk_d, mask=m, other=0.0).to(tl.float32)
-                dst = ko_ptr + b * sko_b + s * sko_s + offs_h * sko_h
-                tl.store(dst + d1 * sko_d, (x1 * c - x2 * sn).to(ko_ptr.dtype.element_ty), mask=m)
-                tl.store(dst + d2 * sko_d, (x2 * c + x1 * sn).to(ko_ptr.dtype.element_ty), mask=m)
+    _rotate_heads(q_ptr + b * sq_b + s * sq_s, qo_ptr + b * so_b + s * so_s, HQ, sq_h, sq_d, so_h, so_d, c, sn, H2,
+                  INTERLEAVED, BLOCK_H, BLOCK_D)
+    if HAS_K:
+        _rotate_heads(k_ptr + b * sk_b + s * sk_s, ko_ptr + b * sko_b + s * sko_s, HK, sk_h, sk_d, sko_h, sko_d, c, sn,
+                      H2, INTERLEAVED, BLOCK_H, BLOCK_D)
 
 
 def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:

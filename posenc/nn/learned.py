@@ -7,12 +7,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import _validate
+from posenc.core.sinusoidal import check_learned_args
 from posenc.functional._common import check_positions
 from posenc.functional.sinusoidal import sinusoidal_table
 
 __all__ = ["LearnedPositionalEmbedding"]
 
-_INITS = ("normal", "sinusoidal", "zeros")
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -51,16 +51,8 @@ class LearnedPositionalEmbedding(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.num_positions = _validate.check_int("num_positions", num_positions, minimum=1)
-        self.dim = _validate.check_int("dim", dim, minimum=1)
-        self.init = _validate.check_choice("init", init, _INITS)
-        if padding_idx is not None:
-            padding_idx = _validate.check_int("padding_idx", padding_idx, minimum=0)
-            if padding_idx >= self.num_positions:
-                raise ValueError(
-                    f"padding_idx must be < num_positions={self.num_positions}, got {padding_idx}"
-                )
-        self.padding_idx = padding_idx
+        self.num_positions, self.dim, self.init, self.padding_idx = check_learned_args(
+            num_positions, dim, init, padding_idx)
         self.weight = nn.Parameter(torch.empty(self.num_positions, self.dim, device=device, dtype=dtype))
         self.reset_parameters()
 

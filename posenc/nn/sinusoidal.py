@@ -75,14 +75,8 @@ class SinusoidalEncoding(TableModule):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.dim = _validate.check_int("dim", dim, minimum=1)
-        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
-        self.base = _validate.check_float("base", base, positive=True)
-        self.layout = _validate.check_choice("layout", layout, _core.LAYOUTS)
-        self.scale = _validate.check_float("scale", scale)
-        self.dropout = _validate.check_float("dropout", dropout, minimum=0.0)
-        if self.dropout >= 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.dim, self.max_seq_len, self.base, self.layout, self.scale, self.dropout = _core.check_encoding_args(
+            dim, max_seq_len, base, layout, scale, dropout)
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(
