@@ -30,14 +30,19 @@ def plot_compare(results: dict, path: pathlib.Path) -> pathlib.Path:
     """Loss against evaluation length, one line per encoding, the training length marked."""
     plt = require_matplotlib()
     cfg = results["config"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    fig, ax = plt.subplots(figsize=(9.0, 4.8), dpi=120)
+    base_colors = {"none": "#222222", "sinusoidal": "#1f77b4", "learned": "#17becf", "rope": "#d62728",
+                   "alibi": "#2ca02c", "t5": "#9467bd"}
+    rule_colors = ["#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8"]
+    rules = [n for n in results["loss"] if n not in base_colors]
     for name, by_len in results["loss"].items():
         lens = sorted(int(L) for L in by_len)
         style = "--" if name.startswith("rope+") else "-"
-        ax.plot(lens, [by_len[str(L)] for L in lens], style, marker="o", ms=3.5, lw=1.6 if style == "-" else 1.1,
-                label=name)
+        color = base_colors.get(name) or rule_colors[rules.index(name) % len(rule_colors)]
+        ax.plot(lens, [by_len[str(L)] for L in lens], style, marker="o", ms=3.5, lw=1.8 if style == "-" else 1.2,
+                label=name, color=color)
     ax.axvline(cfg["train_len"], color="grey", ls=":", lw=1)
-    ax.text(cfg["train_len"], ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
+    ax.text(cfg["train_len"], ax.get_ylim()[0], " training length", va="bottom", fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(int(L) for L in next(iter(results["loss"].values()))))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
@@ -45,7 +50,7 @@ def plot_compare(results: dict, path: pathlib.Path) -> pathlib.Path:
     ax.set_ylabel("validation loss per byte (nats)")
     ax.set_title(f"Trained on {cfg['train_len']} bytes, evaluated longer (seed {cfg['seed']}, {cfg['steps']} steps)",
                  fontsize=10)
-    ax.legend(fontsize=7.5, ncol=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="encoding", title_fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
