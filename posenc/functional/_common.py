@@ -43,9 +43,14 @@ def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     return dtype  # type: ignore[return-value]
 
 
-def exact_sin_cos(positions: torch.Tensor, split_np) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 ``(sin, cos)`` of ``positions * frequencies`` on ``positions.device``; see core.exact."""
-    pos = positions.to(torch.float64)
-    split = torch.tensor(split_np, dtype=torch.float64, device=positions.device)
-    with torch.autocast(device_type=pos.device.type, enabled=False):
-        return exact.sin_cos(pos, split, xp=torch)
+def exact_sin_cos(positions: torch.Tensor, turns) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 ``(sin, cos)`` of ``positions (...) * frequencies`` -> ``(..., n)``, see core.exact.
+
+    ``turns`` is the ``(4, n)`` split of :func:`posenc.core.exact.turns_split`, as a NumPy array or
+    a float64 tensor (e.g. a module buffer) on ``positions.device``.  Autocast is off: the angles
+    never drop below float64, whatever the ambient precision.
+    """
+    if not isinstance(turns, torch.Tensor):
+        turns = torch.tensor(turns, dtype=torch.float64, device=positions.device)
+    with torch.autocast(device_type=positions.device.type, enabled=False):
+        return exact.sin_cos(positions.to(torch.float64), turns, xp=torch)

@@ -24,7 +24,7 @@ import torch
 from posenc import _validate
 from posenc.core import exact as _exact
 from posenc.core import rope as _core
-from posenc.functional._common import check_position_range, check_positions
+from posenc.functional._common import check_position_range, check_positions, exact_sin_cos
 
 __all__ = [
     "apply_rope",
@@ -71,10 +71,9 @@ def rope_inv_freq(
     return torch.from_numpy(freqs), factor
 
 
-def _exact_cos_sin(positions: torch.Tensor, turns: torch.Tensor, attention_factor: float, dtype: torch.dtype):
+def _exact_cos_sin(positions: torch.Tensor, turns, attention_factor: float, dtype: torch.dtype):
     """``(cos, sin)`` of ``positions (...)`` with split frequencies ``turns (4, h)`` -> ``(..., h)``."""
-    with torch.autocast(device_type=positions.device.type, enabled=False):
-        s, c = _exact.sin_cos(positions.to(torch.float64), turns, xp=torch)
+    s, c = exact_sin_cos(positions, turns)
     if attention_factor != 1.0:
         c, s = c * attention_factor, s * attention_factor
     return c.to(dtype), s.to(dtype)
@@ -112,8 +111,7 @@ def rope_cos_sin(
     if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1:
         raise TypeError(f"inv_freq must be a 1-D tensor of frequencies (dim/2,), got {inv_freq!r:.80}")
     attention_factor = _validate.check_float("attention_factor", attention_factor, minimum=0.0)
-    split = _exact.turns_split(tuple(float(f) for f in inv_freq.detach().double().cpu()))
-    turns = torch.tensor(split, dtype=torch.float64, device=positions.device)
+    turns = _exact.turns_split(tuple(float(f) for f in inv_freq.detach().double().cpu()))
     return _exact_cos_sin(positions, turns, attention_factor, dtype)
 
 

@@ -159,8 +159,7 @@ class RotaryEmbedding(TableModule):
             length = seq_len if seq_len is not None else hi + 1
             freqs = self.scaling.frequencies(self.dim, self.base, length)
             if freqs != self._freqs:                                         # this call only
-                turns = torch.from_numpy(_exact.turns_split(freqs).copy()).to(positions.device)
-                return _fr._exact_cos_sin(positions, turns, self.attention_factor, dtype)
+                return _fr._exact_cos_sin(positions, _exact.turns_split(freqs), self.attention_factor, dtype)
         if dtype == torch.float32 and not compiling and 0 <= lo and hi < self.max_seq_len:
             return self.cos_table[positions], self.sin_table[positions]
         if lo < -_exact.MAX_POSITION or hi > _exact.MAX_POSITION:

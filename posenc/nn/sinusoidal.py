@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc import _validate
-from posenc.core import exact as _exact_mod
 from posenc.core import sinusoidal as _core
-from posenc.functional._common import check_positions
+from posenc.functional._common import check_positions, exact_sin_cos
 from posenc.nn._tables import TableModule
 
 __all__ = ["SinusoidalEncoding"]
@@ -105,8 +104,7 @@ class SinusoidalEncoding(TableModule):
 
     def _exact(self, positions: torch.Tensor) -> torch.Tensor:
         """Float64 encoding of ``positions`` ``(...)`` -> ``(..., D)``, exact to ~2**-51 relative."""
-        with torch.autocast(device_type=positions.device.type, enabled=False):
-            s, c = _exact_mod.sin_cos(positions.to(torch.float64), self.turns, xp=torch)
+        s, c = exact_sin_cos(positions, self.turns)
         return _core.assemble(s, c, self.dim, self.layout, xp=torch)
 
     def table(self, length: int | None = None, *, offset: int = 0) -> torch.Tensor:
