@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from posenc import _validate
 from posenc.core import exact
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -32,6 +33,41 @@ def check_position_range(name: str, positions: torch.Tensor) -> None:
             raise ValueError(
                 f"{name} must lie within [-2**31, 2**31] for exact angles, got values in [{lo}, {hi}]"
             )
+
+
+def check_position_args(positions: torch.Tensor | None, offset: object, length: int, batch: int | None) -> int:
+    """Check the ``positions``/``offset`` pair of a call on a sequence of ``length`` tokens.
+
+    ``positions`` (if given) must be integers of shape ``(S,)``, or ``(B, S)`` with ``B`` 1 or
+    ``batch`` when the input has a batch axis (``batch`` not None); it excludes a nonzero
+    ``offset``.  Returns the validated ``offset``.
+    """
+    offset = _validate.check_int("offset", offset)
+    if positions is None:
+        return offset
+    check_positions("positions", positions)
+    batched_ok = batch is not None and positions.dim() == 2 and positions.shape[0] in (1, batch)
+    if positions.shape[-1] != length or not (positions.dim() == 1 or batched_ok):
+        allowed = "(S,)" if batch is None else f"(S,) or (B, S) with B={batch}"
+        raise ValueError(f"positions must have shape {allowed}, S={length}; got {tuple(positions.shape)}")
+    if offset:
+        raise ValueError("pass either positions or offset, not both (add the offset to positions)")
+    return offset
+
+
+def check_embeddings(x: object, dim: int) -> None:
+    """``x`` must be floating embeddings of shape ``(B, S, dim)`` or ``(S, dim)``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(
+            f"x must be a floating tensor, got dtype {x.dtype}; embed token ids first "
+            f"(e.g. nn.Embedding) or cast with x.float()"
+        )
+    if x.dim() not in (2, 3) or x.shape[-1] != dim:
+        raise ValueError(
+            f"x must have shape (B, S, {dim}) or (S, {dim}), got {tuple(x.shape)}; the last dimension must equal dim={dim}"
+        )
 
 
 def check_float_dtype(name: str, dtype: object) -> torch.dtype:

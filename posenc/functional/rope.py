@@ -24,7 +24,7 @@ import torch
 from posenc import _validate
 from posenc.core import exact as _exact
 from posenc.core import rope as _core
-from posenc.functional._common import check_position_range, check_positions, exact_sin_cos
+from posenc.functional._common import check_position_args, check_position_range, check_positions, exact_sin_cos
 
 __all__ = [
     "apply_rope",
@@ -472,13 +472,7 @@ def apply_rope_qk(
     seq_len = q.shape[sd]
     if k is not None and (k.dim() != q.dim() or k.shape[sd] != seq_len or k.shape[0] != q.shape[0]):
         raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in rank, batch and sequence length")
-    offset = _validate.check_int("offset", offset)
-    if positions is not None:
-        check_positions("positions", positions)
-        if positions.dim() > 2 or positions.shape[-1] != seq_len:
-            raise ValueError(f"positions must have shape (S,) or (B, S) with S={seq_len}, got {tuple(positions.shape)}")
-        if offset:
-            raise ValueError("pass either positions or offset, not both (add the offset to positions)")
+    offset = check_position_args(positions, offset, seq_len, q.shape[0] if sd > 0 else None)
     why = _triton_case(q, sd) or (None if k is None else _triton_case(k, sd))
     if use_triton(backend, q, why):
         _rows(cos, positions, offset, seq_len)                              # the same range checks, same errors

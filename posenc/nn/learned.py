@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import _validate
 from posenc.core.sinusoidal import check_learned_args
-from posenc.functional._common import check_positions
+from posenc.functional._common import check_embeddings, check_position_args
 from posenc.functional.sinusoidal import sinusoidal_table
 
 __all__ = ["LearnedPositionalEmbedding"]
@@ -70,15 +69,9 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
         """Return ``x + weight[positions]`` (``positions`` default ``offset + arange(S)``)."""
-        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-            raise TypeError(f"x must be a floating torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-        if x.dim() not in (2, 3) or x.shape[-1] != self.dim:
-            raise ValueError(
-                f"x must have shape (B, S, {self.dim}) or (S, {self.dim}), got {tuple(x.shape)}; "
-                f"the last dimension must equal dim={self.dim}"
-            )
-        offset = _validate.check_int("offset", offset)
+        check_embeddings(x, self.dim)
         seq_len = x.shape[-2]
+        offset = check_position_args(positions, offset, seq_len, x.shape[0] if x.dim() == 3 else None)
         if positions is None:
             if offset < 0 or offset + seq_len > self.num_positions:
                 raise ValueError(
@@ -86,11 +79,6 @@ class LearnedPositionalEmbedding(nn.Module):
                     f"{self.num_positions}; build the module with num_positions >= {offset + seq_len}"
                 )
             return x + self.weight[offset : offset + seq_len].to(x.dtype)
-        check_positions("positions", positions)
-        if offset:
-            raise ValueError("pass either positions or offset, not both (add the offset to positions)")
-        if positions.shape[-1] != seq_len or positions.dim() > 2:
-            raise ValueError(f"positions must have shape (S,) or (B, S) with S={seq_len}, got {tuple(positions.shape)}")
         if positions.numel() and not torch.compiler.is_compiling():
             lo, hi = int(positions.min()), int(positions.max())
             if lo < 0 or hi >= self.num_positions:

@@ -12,7 +12,7 @@ from posenc.core import exact as _exact
 from posenc.core import hf_config as _hf
 from posenc.core import rope as _core
 from posenc.functional import rope as _fr
-from posenc.functional._common import check_positions
+from posenc.functional._common import check_position_args, check_positions
 from posenc.nn._tables import TableModule
 
 __all__ = ["RotaryEmbedding"]
@@ -193,19 +193,8 @@ class RotaryEmbedding(TableModule):
     def _positions(self, x: torch.Tensor, sd: int, positions: torch.Tensor | None, offset: int) -> torch.Tensor:
         """Validated positions ``(S,)`` or ``(B, S)`` for ``x`` with sequence axis ``sd``."""
         length = x.shape[sd]
-        offset = _validate.check_int("offset", offset)
-        if positions is None:
-            return torch.arange(offset, offset + length, device=x.device)
-        check_positions("positions", positions)
-        if offset:
-            raise ValueError("pass either positions or offset, not both (add the offset to positions)")
-        if positions.dim() > 2 or positions.shape[-1] != length or (
-            positions.dim() == 2 and positions.shape[0] not in (1, x.shape[0])
-        ):
-            raise ValueError(
-                f"positions must have shape (S,) or (B, S) with S={length}, B={x.shape[0]}, got {tuple(positions.shape)}"
-            )
-        return positions
+        offset = check_position_args(positions, offset, length, x.shape[0] if sd > 0 else None)
+        return torch.arange(offset, offset + length, device=x.device) if positions is None else positions
 
     def forward(
         self,

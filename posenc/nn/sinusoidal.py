@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from posenc import _validate
 from posenc.core import sinusoidal as _core
-from posenc.functional._common import check_positions, exact_sin_cos
+from posenc.functional._common import check_embeddings, check_position_args, exact_sin_cos
 from posenc.nn._tables import TableModule
 
 __all__ = ["SinusoidalEncoding"]
@@ -151,30 +151,8 @@ class SinusoidalEncoding(TableModule):
             inplace: add into ``x`` and return it (no output allocation: the fast path).  Needs
                 ``x`` not to be a leaf that requires grad.
         """
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if not x.dtype.is_floating_point:
-            raise TypeError(
-                f"x must be a floating tensor, got dtype {x.dtype}; embed token ids first "
-                f"(e.g. nn.Embedding) or cast with x.float()"
-            )
-        if x.dim() not in (2, 3) or x.shape[-1] != self.dim:
-            raise ValueError(
-                f"x must have shape (B, S, {self.dim}) or (S, {self.dim}), got {tuple(x.shape)}; "
-                f"the last dimension must equal dim={self.dim}"
-            )
-        offset = _validate.check_int("offset", offset)
-        if positions is not None:
-            check_positions("positions", positions)
-            if positions.shape[-1] != x.shape[-2] or positions.dim() > 2 or (
-                positions.dim() == 2 and (x.dim() != 3 or positions.shape[0] not in (1, x.shape[0]))
-            ):
-                raise ValueError(
-                    f"positions must have shape (S,) or (B, S) matching x {tuple(x.shape)}, "
-                    f"got {tuple(positions.shape)}"
-                )
-            if offset:
-                raise ValueError("pass either positions or offset, not both (add the offset to positions)")
+        check_embeddings(x, self.dim)
+        offset = check_position_args(positions, offset, x.shape[-2], x.shape[0] if x.dim() == 3 else None)
         pe = self._encoding(x, positions, offset)
         grad_path = torch.is_grad_enabled() and x.requires_grad
         if inplace:
@@ -182,7 +160,7 @@ class SinusoidalEncoding(TableModule):
                 out = (x.mul_(self.scale) if self.scale != 1.0 else x).add_(pe)
             else:
                 out = torch.add(pe, x, alpha=self.scale, out=x)               # one pass: pe + scale*x
-        elif grad_path or pe.dim() > x.dim():
+        elif grad_path:
             out = torch.add(pe, x, alpha=self.scale) if self.scale != 1.0 else x + pe
         else:
             out = torch.add(pe, x, alpha=self.scale, out=torch.empty_like(x))
