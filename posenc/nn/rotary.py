@@ -150,11 +150,19 @@ class RotaryEmbedding(TableModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` of shape ``positions.shape + (dim/2,)``, attention factor included."""
         check_positions("positions", positions)
+        return self._cos_sin(positions, self._range(positions), seq_len, dtype)
+
+    @staticmethod
+    def _range(positions: torch.Tensor) -> tuple[int, int]:
+        """``(min, max)`` of ``positions``, read once per call (a device sync on GPUs); ``(0, 0)``
+        when empty or while compiling, where data-dependent checks are skipped."""
+        if positions.numel() and not torch.compiler.is_compiling():
+            return int(positions.min()), int(positions.max())
+        return 0, 0
+
+    def _cos_sin(self, positions: torch.Tensor, rng: tuple[int, int], seq_len: int | None, dtype: torch.dtype):
+        lo, hi = rng
         compiling = torch.compiler.is_compiling()
-        if positions.numel() and not compiling:
-            lo, hi = int(positions.min()), int(positions.max())
-        else:
-            lo, hi = 0, 0
         if self.scaling is not None and self.scaling.length_dependent:
             length = seq_len if seq_len is not None else hi + 1
             freqs = self.scaling.frequencies(self.dim, self.base, length)
@@ -229,20 +237,20 @@ class RotaryEmbedding(TableModule):
         if seq_len is not None:
             seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
         positions = self._positions(q, sd, positions, offset)
+        rng = self._range(positions)
         if self.backend != "torch":
-            why = self._triton_why_not(q, k, sd, positions, seq_len)
+            why = self._triton_why_not(q, k, sd, rng, seq_len)
             if _fr.use_triton(self.backend, q, why):
                 from posenc.kernels import triton_rope
 
                 return triton_rope.rope_qk(q, k, self.cos_table, self.sin_table, positions, 0,
                                            self.layout == "interleaved", sd, inplace)
-        tables = self._tables(q, positions, sd, seq_len)                          # once for q and k
-        q_out = self._rotate(q, positions, sd, key=False, inplace=inplace, seq_len=seq_len, tables=tables)
-        k_out = None if k is None else self._rotate(k, positions, sd, key=True, inplace=inplace, seq_len=seq_len,
-                                                     tables=tables)
+        tables = self._tables(q, positions, rng, sd, seq_len)                     # once for q and k
+        q_out = self._rotate(q, positions, rng, sd, tables, key=False, inplace=inplace)
+        k_out = None if k is None else self._rotate(k, positions, rng, sd, tables, key=True, inplace=inplace)
         return q_out, k_out
 
-    def _triton_why_not(self, q, k, sd, positions, seq_len) -> str | None:
+    def _triton_why_not(self, q, k, sd, rng, seq_len) -> str | None:
         """Why the fused kernel cannot take this call (None if it can)."""
         why = _fr._triton_case(q, sd) or (None if k is None else _fr._triton_case(k, sd))
         if why:
@@ -251,7 +259,7 @@ class RotaryEmbedding(TableModule):
             return "xPos scales are applied by the torch path"
         if torch.compiler.is_compiling():
             return None if self.scaling is None or not self.scaling.length_dependent else "length-dependent rule"
-        lo, hi = (int(positions.min()), int(positions.max())) if positions.numel() else (0, 0)
+        lo, hi = rng
         if lo < 0 or hi >= self.max_seq_len:
             return f"positions [{lo}, {hi}] go past the table of {self.max_seq_len} rows (the torch path computes them)"
         if self.scaling is not None and self.scaling.length_dependent:
@@ -283,21 +291,23 @@ class RotaryEmbedding(TableModule):
         sd = _fr.normalize_seq_dim(x, seq_dim)
         if seq_len is not None:
             seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
-        return self._rotate(x, self._positions(x, sd, positions, offset), sd, key=key, inplace=inplace, seq_len=seq_len)
+        positions = self._positions(x, sd, positions, offset)
+        rng = self._range(positions)
+        tables = self._tables(x, positions, rng, sd, seq_len)
+        return self._rotate(x, positions, rng, sd, tables, key=key, inplace=inplace)
 
-    def _tables(self, x: torch.Tensor, positions: torch.Tensor, sd: int, seq_len: int | None):
+    def _tables(self, x: torch.Tensor, positions: torch.Tensor, rng: tuple[int, int], sd: int, seq_len: int | None):
         """cos/sin for ``positions``, shaped to broadcast against ``x`` (sequence axis ``sd``)."""
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=dtype)          # (S, h) or (B, S, h)
+        cos, sin = self._cos_sin(positions, rng, seq_len, dtype)                # (S, h) or (B, S, h)
         return _fr.broadcast_rows(cos, x.dim(), sd), _fr.broadcast_rows(sin, x.dim(), sd)
 
-    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, sd: int, *, key: bool, inplace: bool,
-                seq_len: int | None, tables=None) -> torch.Tensor:
-        """Rotate ``x`` whose sequence axis is ``sd`` by ``positions`` (validated)."""
-        cos, sin = self._tables(x, positions, sd, seq_len) if tables is None else tables
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, rng: tuple[int, int], sd: int, tables, *,
+                key: bool, inplace: bool) -> torch.Tensor:
+        """Rotate ``x`` whose sequence axis is ``sd`` by ``positions`` (validated) with ``tables``."""
+        cos, sin = tables
         if self.xpos_scale_base is not None:
-            lo, hi = (int(positions.min()), int(positions.max())) if positions.numel() else (0, 0)
-            scale = _fr.broadcast_rows(self._xpos_scale(positions, lo, hi), x.dim(), sd)    # float64
+            scale = _fr.broadcast_rows(self._xpos_scale(positions, *rng), x.dim(), sd)      # float64
             if key:
                 scale = 1.0 / scale
             cos, sin = (cos * scale).to(cos.dtype), (sin * scale).to(sin.dtype)
