@@ -300,6 +300,19 @@ def _triton_case(x: torch.Tensor, seq_dim: int | None) -> str | None:
     return None
 
 
+def _shared_rows_axis(x: torch.Tensor, cos: torch.Tensor, h: int) -> int | None:
+    """The axis of a 4-D ``x`` along which ``cos`` is one ``(S, h)`` row set, as the kernel needs:
+    ``(..., S, h)`` against axis 2, ``(..., S, 1, h)`` against axis 1 (leading dims all 1)."""
+    rows = cos.numel() // h
+    if x.dim() != 4 or rows < 2:
+        return None
+    if tuple(cos.shape[-3:]) == (rows, 1, h) and x.shape[1] == rows:
+        return 1
+    if tuple(cos.shape[-2:]) == (rows, h) and x.shape[2] == rows:
+        return 2
+    return None
+
+
 def use_triton(backend: str, x: torch.Tensor, why_not: str | None) -> bool:
     """Resolve ``backend`` for ``x``: the documented, deterministic dispatch rule."""
     _validate.check_choice("backend", backend, BACKENDS)
@@ -356,18 +369,12 @@ def apply_rope(
     """
     h = _check_rope_args(x, cos, sin, layout)
     if backend != "torch":
-        rows = cos.reshape(-1, h) if cos.dim() >= 2 else None
-        seq_dim = None
-        if x.dim() == 4 and rows is not None and rows.shape[0] > 1:
-            if tuple(cos.shape[-3:]) in ((rows.shape[0], 1, h),) and cos.numel() == rows.numel() and x.shape[1] == rows.shape[0]:
-                seq_dim = 1
-            elif tuple(cos.shape[-2:]) == (rows.shape[0], h) and cos.numel() == rows.numel() and x.shape[2] == rows.shape[0]:
-                seq_dim = 2
+        seq_dim = _shared_rows_axis(x, cos, h)
         why = _triton_case(x, seq_dim) if seq_dim is not None else "cos/sin must be one (S, d/2) row set shared by the batch"
         if not (cos.requires_grad or sin.requires_grad) and use_triton(backend, x, why):
             from posenc.kernels import triton_rope
 
-            c = rows.to(torch.float32).contiguous()
+            c = cos.reshape(-1, h).to(torch.float32).contiguous()
             s = sin.reshape(-1, h).to(torch.float32).contiguous()
             return triton_rope.rope_qk(x, None, c, s, None, 0, layout == "interleaved", seq_dim, inplace)[0]
     differentiable = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
