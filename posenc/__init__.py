@@ -39,16 +39,20 @@ _EXPORTS = {
     "AlibiBias": "posenc.nn",
     "RelativePositionBias": "posenc.nn",
     "attention": "posenc.attn",
-    "list_encodings": "posenc.models.registry",
-    "TinyTransformer": "posenc.models",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 
+#: The experiment code lives in posenc.lab (the CLI's ``posenc compare``), not in the library namespace.
+_LAB = ("TinyTransformer", "list_encodings")
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        if name in _LAB:
+            raise AttributeError(f"posenc.{name} is experiment code: import it from posenc.lab (from posenc.lab import {name})")
         raise AttributeError(f"module 'posenc' has no attribute {name!r}")
     try:
         value = getattr(importlib.import_module(module), name)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc import _validate
-from posenc.functional._common import check_positions
+from posenc._torch.checks import check_positions
 from posenc.functional.positions import positions_from_segment_ids
 from posenc.nn.alibi import AlibiBias
 from posenc.nn.learned import LearnedPositionalEmbedding
@@ -26,7 +26,7 @@ from posenc.nn.sinusoidal import SinusoidalEncoding
 
 __all__ = ["attention"]
 
-BACKENDS = ("sdpa", "flex")
+ATTENTION_BACKENDS = ("sdpa", "flex")
 try:
     _SDPA_HAS_GQA = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
 except (TypeError, ValueError):  # a builtin without a signature
@@ -123,7 +123,7 @@ def attention(
         torch.Size([1, 2, 5, 8])
     """
     _check_qkv(q, k, v)
-    _validate.check_choice("backend", backend, BACKENDS)
+    _validate.check_choice("backend", backend, ATTENTION_BACKENDS)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)

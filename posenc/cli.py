@@ -14,7 +14,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from posenc.core.sinusoidal import LAYOUTS
+from posenc.core.sinusoidal import SINUSOIDAL_LAYOUTS
 
 FORMATS = ("torch", "csv", "json", "markdown")
 
@@ -61,7 +61,7 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from posenc.models.registry import list_encodings
+    from posenc.lab.registry import list_encodings
 
     width = max(len(e.name) for e in list_encodings())
     for e in list_encodings():
@@ -82,7 +82,7 @@ def _format_results(results: dict) -> str:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from posenc.models.experiment import CompareConfig, compare, position_task
+    from posenc.lab.experiment import CompareConfig, compare, position_task
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(_format_results(results))
     print(f"wrote {out / 'results.json'} ({results['seconds']} s of training and evaluation)", file=sys.stderr)
     try:
-        from posenc.models.plots import plot_compare
+        from posenc.lab.plots import plot_compare
 
         png = plot_compare(results, out / "compare.png")
         print(f"wrote {png}", file=sys.stderr)
@@ -117,7 +117,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from posenc.models.plots import plot_encodings
+    from posenc.lab.plots import plot_encodings
 
     try:
         paths = plot_encodings(pathlib.Path(args.out), dim=args.dim, length=args.max_len)
@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dim", type=int, required=True, help="features per position (d_model), any >= 1")
     t.add_argument("--max-len", type=int, required=True, help="number of positions (rows)")
     t.add_argument("--base", type=float, default=10000.0, help="frequency base (default 10000)")
-    t.add_argument("--layout", choices=LAYOUTS, default="interleaved", help="column convention")
+    t.add_argument("--layout", choices=SINUSOIDAL_LAYOUTS, default="interleaved", help="column convention")
     t.add_argument("--offset", type=int, default=0, help="position of the first row")
     t.add_argument("--format", choices=FORMATS, default="torch", help="output format (torch prints like the seeds)")
     t.set_defaults(func=_cmd_table)
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list the registered encodings")
     ls.set_defaults(func=_cmd_list)
 
-    from posenc.models.registry import ENCODINGS
+    from posenc.lab.registry import ENCODINGS
 
     c = sub.add_parser("compare", help="train a tiny Transformer per encoding and measure it past its training length")
     c.add_argument("--encodings", type=_name_list, default=tuple(ENCODINGS),
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "compare":
-        from posenc.models.registry import ENCODINGS
+        from posenc.lab.registry import ENCODINGS
 
         unknown = [e for e in args.encodings if e not in ENCODINGS]
         if unknown or not args.encodings:

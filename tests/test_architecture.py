@@ -1,4 +1,5 @@
-"""Package structure rules from STYLE.md: dependency direction and lazy imports."""
+"""Package structure: dependency direction between the layers, no circles, no borrowed private names,
+and lazy imports."""
 
 import ast
 import pathlib
@@ -11,44 +12,137 @@ import posenc
 
 ROOT = pathlib.Path(posenc.__file__).parent
 
-# layer -> posenc layers it may import (_validate is plain Python, so core may share its checks)
+# layer -> posenc layers it may import.  _validate (plain Python) and _torch (torch-side plumbing)
+# are the shared private layers; every other underscore name stays inside its own package.
 ALLOWED = {
     "core": {"core", "_validate"},
-    "functional": {"core", "functional", "_validate", "kernels"},
-    "nn": {"core", "functional", "nn", "_validate", "kernels"},
-    "kernels": {"kernels"},
+    "_validate": set(),
+    "_torch": {"core", "_torch", "_validate"},
+    "kernels": {"kernels", "_torch"},
+    "functional": {"core", "functional", "_validate", "_torch", "kernels"},
+    "nn": {"core", "functional", "nn", "_validate", "_torch", "kernels"},
+    "keras": {"core", "keras", "_validate"},
+    "attn": {"core", "functional", "nn", "_validate", "_torch"},
+    "lab": {"core", "functional", "nn", "attn", "_validate", "_torch", "lab"},
+    "models": {"lab"},
+    "cli": {"core", "functional", "lab"},
+    "__init__": set(),
+    "__main__": {"cli"},
 }
+SHARED_PRIVATE = {"_validate", "_torch"}
+
+
+def _layer(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _modules():
+    return sorted(ROOT.rglob("*.py"))
 
 
 def _imports(path: pathlib.Path):
-    """Every absolute module name imported by ``path`` (``from posenc import x`` yields ``posenc.x``)."""
+    """``(module, names)`` for every absolute import in ``path`` (``import a.b`` gives ``("a.b", [])``)."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "posenc":
-                yield from (f"posenc.{a.name}" for a in node.names)
-            else:
-                yield node.module
+            yield node.module, [a.name for a in node.names]
         elif isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
+            for a in node.names:
+                yield a.name, []
 
 
-def _posenc_imports(path: pathlib.Path):
-    return (m for m in _imports(path) if m.split(".")[0] == "posenc")
+def _posenc_targets(path: pathlib.Path):
+    """The posenc modules ``path`` imports (``from posenc import x`` yields ``posenc.x``)."""
+    for mod, names in _imports(path):
+        if mod == "posenc":
+            yield from (f"posenc.{n}" for n in names)
+        elif mod.split(".")[0] == "posenc":
+            yield mod
+
+
+def test_every_module_belongs_to_a_known_layer():
+    assert {_layer(p) for p in _modules()} <= set(ALLOWED)
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_dependency_direction(layer):
-    for path in (ROOT / layer).rglob("*.py"):
-        for mod in _posenc_imports(path):
-            parts = mod.split(".")
-            target = parts[1] if len(parts) > 1 else "posenc"
-            assert target in ALLOWED[layer], f"{path.relative_to(ROOT)} imports {mod}"
+    for path in _modules():
+        if _layer(path) != layer:
+            continue
+        for mod in _posenc_targets(path):
+            target = mod.split(".")[1] if "." in mod else "__init__"
+            assert target in ALLOWED[layer] | {layer}, f"{path.relative_to(ROOT)} imports {mod}"
+
+
+def test_layers_form_no_circle():
+    graph = {layer: deps - {layer} for layer, deps in ALLOWED.items()}
+    done: set[str] = set()
+
+    def visit(node, stack):
+        assert node not in stack, f"circular layers: {' -> '.join([*stack, node])}"
+        if node not in done:
+            for dep in graph.get(node, ()):
+                visit(dep, [*stack, node])
+            done.add(node)
+
+    for layer in graph:
+        visit(layer, [])
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_uses_another_packages_private_names(path):
+    layer = _layer(path)
+    tree = ast.parse(path.read_text())
+    foreign_aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "posenc":
+            parts = node.module.split(".")
+            owner = parts[1] if len(parts) > 1 else None
+            for alias in node.names:
+                full = [*parts[1:], alias.name]
+                if owner in SHARED_PRIVATE or (owner is None and alias.name in SHARED_PRIVATE) or owner == layer:
+                    continue
+                assert not any(_private(p) for p in full), f"{path.relative_to(ROOT)} imports {node.module}.{alias.name}"
+                foreign_aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "posenc" and len(parts) > 1 and parts[1] not in SHARED_PRIVATE | {layer}:
+                    assert not any(_private(p) for p in parts), f"{path.relative_to(ROOT)} imports {alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in foreign_aliases:
+            assert not _private(node.attr), f"{path.relative_to(ROOT)} reads {node.value.id}.{node.attr}"
+
+
+def test_each_module_alias_means_one_module():
+    """``from posenc.x import y as z``: the alias ``z`` names the same module in every file."""
+    meaning: dict[str, str] = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("posenc"):
+                for alias in node.names:
+                    if alias.asname:
+                        full = f"{node.module}.{alias.name}"
+                        assert meaning.setdefault(alias.asname, full) == full, (
+                            f"{path.relative_to(ROOT)}: alias {alias.asname} means {full} here and "
+                            f"{meaning[alias.asname]} elsewhere"
+                        )
 
 
 def test_core_never_imports_torch_or_keras():
     for path in (ROOT / "core").rglob("*.py"):
-        for mod in _imports(path):
+        for mod, _ in _imports(path):
             assert mod.split(".")[0] not in {"torch", "keras", "tensorflow", "jax"}, (path, mod)
+
+
+def test_library_layers_never_import_the_lab():
+    for layer in ("core", "functional", "nn", "kernels", "_torch", "keras"):
+        for path in (ROOT / layer).rglob("*.py"):
+            assert not any(m.startswith("posenc.lab") for m in _posenc_targets(path)), path
 
 
 @pytest.mark.parametrize("module", ["posenc", "posenc.core"])
@@ -63,3 +157,19 @@ def test_all_is_explicit_and_resolvable():
         assert getattr(posenc, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         posenc.nope  # noqa: B018
+
+
+def test_the_lab_is_not_in_the_root_namespace_but_importable():
+    assert "TinyTransformer" not in posenc.__all__
+    with pytest.raises(AttributeError, match="from posenc.lab import TinyTransformer"):
+        posenc.TinyTransformer  # noqa: B018
+    from posenc.lab import TinyTransformer, list_encodings
+
+    assert TinyTransformer is not None and list_encodings()
+
+
+def test_the_old_models_path_still_imports_with_a_deprecation_warning():
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n    import posenc.models\nexcept DeprecationWarning as w:\n    print('warned:', w)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "posenc.lab" in out

@@ -5,6 +5,7 @@ import torch
 
 import posenc
 from posenc.functional import rope as R
+from posenc.kernels import torch_rope as E
 from tests.reference import rope_oracle as oracle
 from tests.reference.oracle import ulps
 
@@ -77,13 +78,15 @@ def test_interleaved_equals_half_after_layout_permutation():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("inplace", [False, True])
-def test_fast_path_equals_reference_forward(dtype, layout, inplace):
+@pytest.mark.parametrize("block", [E.BLOCK, 1000])                  # the small path, then many blocks
+def test_fast_path_equals_reference_forward(dtype, layout, inplace, block, monkeypatch):
+    monkeypatch.setattr(E, "BLOCK", block)
     # odd sequence length, odd head count, non-contiguous (a view of a fused qkv projection)
     qkv = torch.randn(2, 217, 3, 3, 32).to(dtype)
     q = qkv[:, :, 0]                                                # (B, S, H, D), strided
     c, s = table(217, dim=24)
     c, s = c[:, None], s[:, None]                                   # (S, 1, h) for (B, S, H, D)
-    ref = torch.cat([R._rotate_reference(q, c, s, 12, layout), q[..., 24:]], -1)
+    ref = torch.cat([E.rotate_reference(q, c, s, layout=layout), q[..., 24:]], -1)
     got = R.apply_rope(q.clone() if inplace else q, c, s, layout=layout, inplace=inplace)
     # both round a float32 result once; they may differ by one ulp where float32 sums differ
     tol = ulps(dtype, ref.double()).max().item() if dtype != torch.float32 else 2e-6
@@ -95,13 +98,13 @@ def test_large_blocks_and_batched_cos_sin_use_the_blocked_path_correctly():
     inv, _ = R.rope_inv_freq(64)
     c, s = R.rope_cos_sin(torch.randint(0, 10**6, (3, 300)), inv)   # per-row positions
     c, s = c[:, None], s[:, None]                                   # (B, 1, S, h)
-    ref = R._rotate_reference(x, c, s, 32, "half")
-    old = R._BLOCK
+    ref = E.rotate_reference(x, c, s, layout="half")
+    old = E.BLOCK
     try:
-        R._BLOCK = 1000                                             # force many small blocks
+        E.BLOCK = 1000                                              # force many small blocks
         got = R.apply_rope(x, c, s)
     finally:
-        R._BLOCK = old
+        E.BLOCK = old
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
 
 
@@ -114,7 +117,7 @@ def test_rotated_outputs_meet_the_exactness_bound(dtype, layout):
     c, s = R.rope_cos_sin(positions, inv)
     got = R.apply_rope(x, c, s, layout=layout).double()
     truth = oracle.rotate(x.double(), positions, inv.tolist(), layout)   # float64 of the exact angles
-    x1, x2 = R._halves(x.double(), 8, layout)
+    x1, x2 = E.halves(x.double(), 8, layout)
     pair_mag = (x1.abs() + x2.abs()).repeat(1, 1, 2) if layout == "half" else torch.stack(
         [x1.abs() + x2.abs()] * 2, -1).flatten(-2)
     bound = 0.5 * ulps(dtype, truth) + 2 * torch.finfo(dtype).eps * pair_mag

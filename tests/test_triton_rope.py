@@ -11,6 +11,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton", reason="Triton is not installed (pip install triton)")
 
 import posenc  # noqa: E402
+from posenc._torch.backend import resolve_rope_backend  # noqa: E402
 from posenc.functional import rope as R  # noqa: E402
 from tests.reference.oracle import ulps  # noqa: E402
 
@@ -92,7 +93,7 @@ def test_apply_rope_and_module_dispatch():
     for a, b in zip(rope_t(x, x, offset=3), rope_r(x, x, offset=3), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
     # "auto" keeps CPU tensors on the torch path even here
-    assert R.use_triton("auto", x, None) is False
+    assert resolve_rope_backend("auto", x, None) == "torch"
 
 
 def test_positions_past_the_table_are_rejected_or_computed_never_wrong():

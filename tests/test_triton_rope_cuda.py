@@ -13,6 +13,7 @@ if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("needs a CUDA device and compiled (not interpreted) Triton kernels", allow_module_level=True)
 pytest.importorskip("triton")
 
+from posenc._torch.backend import resolve_rope_backend  # noqa: E402
 from posenc.functional import rope as R  # noqa: E402
 
 
@@ -41,6 +42,6 @@ def test_cuda_auto_dispatch_and_compile():
     q = torch.randn(1, 4, 64, 64, device="cuda")
     inv, _ = R.rope_inv_freq(64)
     cos, sin = (t.cuda() for t in R.rope_cos_sin(torch.arange(64), inv))
-    assert R.use_triton("auto", q, None) is True
+    assert resolve_rope_backend("auto", q, None) == "triton"
     f = torch.compile(lambda q: R.apply_rope_qk(q, None, cos, sin)[0], fullgraph=True)
     torch.testing.assert_close(f(q), R.apply_rope_qk(q, None, cos, sin, backend="torch")[0], rtol=0, atol=2e-6)

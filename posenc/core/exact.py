@@ -35,9 +35,11 @@ import numpy as np
 #: Positions with a larger magnitude are rejected: beyond it ``p * f1`` is no longer exact.
 MAX_POSITION = 2**31
 
-# 2*pi to 60 digits (a mathematical constant, not code: 6.283185307179586476925286766559005768394...).
-_TWO_PI = decimal.Decimal("6.28318530717958647692528676655900576839433879875021164194989")
-_PREC = 60
+#: 2*pi to 60 digits (a mathematical constant: 6.283185307179586476925286766559005768394...), shared
+#: by every module that needs it beyond float64.
+TWO_PI = decimal.Decimal("6.28318530717958647692528676655900576839433879875021164194989")
+#: Decimal digits of the frequency arithmetic (about 190 bits), shared by every module that uses it.
+DECIMAL_DIGITS = 60
 _TWO_PI_F64 = 2.0 * math.pi
 
 
@@ -67,9 +69,9 @@ def turns_split(frequencies: tuple[decimal.Decimal | float, ...]) -> np.ndarray:
 def _turns_split_cached(frequencies: tuple[decimal.Decimal, ...]) -> np.ndarray:
     out = np.empty((4, len(frequencies)), dtype=np.float64)
     with decimal.localcontext() as ctx:
-        ctx.prec = _PREC
+        ctx.prec = DECIMAL_DIGITS
         for j, w in enumerate(frequencies):
-            rest = w / _TWO_PI
+            rest = w / TWO_PI
             for k in range(3):
                 out[k, j] = _split22(float(rest))
                 rest -= decimal.Decimal(out[k, j])

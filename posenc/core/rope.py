@@ -23,14 +23,17 @@ from typing import ClassVar
 import numpy as np
 
 from posenc import _validate
+from posenc.core.exact import DECIMAL_DIGITS, TWO_PI
 
 _D = decimal.Decimal
-_PREC = 60
-_TWO_PI = _D("6.28318530717958647692528676655900576839433879875021164194989")
+
+#: Which features pair up: ``"half"`` pairs ``(i, i + d/2)`` (GPT-NeoX, Hugging Face),
+#: ``"interleaved"`` pairs ``(2i, 2i + 1)`` (GPT-J, Meta's Llama code).
+ROPE_LAYOUTS = ("half", "interleaved")
 
 
 def _ctx() -> decimal.Context:
-    return decimal.Context(prec=_PREC)
+    return decimal.Context(prec=DECIMAL_DIGITS)
 
 
 def _pow(x: decimal.Decimal, y: decimal.Decimal) -> decimal.Decimal:
@@ -273,7 +276,7 @@ class Llama3Scaling(RopeScaling):
             elif wavelen > low_wavelen:
                 out.append(t / f)
             else:
-                smooth = (_D(L0) * t / _TWO_PI - lo) / (hi - lo)
+                smooth = (_D(L0) * t / TWO_PI - lo) / (hi - lo)
                 out.append((1 - smooth) * t / f + smooth * t)
         return tuple(out)
 

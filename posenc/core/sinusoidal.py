@@ -30,7 +30,7 @@ import numpy as np
 from posenc import _validate
 from posenc.core import exact
 
-LAYOUTS = ("interleaved", "concat", "tensor2tensor")
+SINUSOIDAL_LAYOUTS = ("interleaved", "concat", "tensor2tensor")
 INITS = ("normal", "sinusoidal", "zeros")
 
 
@@ -39,7 +39,7 @@ def check_encoding_args(dim, max_seq_len, base, layout, scale, dropout) -> tuple
     dim = _validate.check_int("dim", dim, minimum=1)
     max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
     base = _validate.check_float("base", base, positive=True)
-    layout = _validate.check_choice("layout", layout, LAYOUTS)
+    layout = _validate.check_choice("layout", layout, SINUSOIDAL_LAYOUTS)
     scale = _validate.check_float("scale", scale)
     dropout = _validate.check_float("dropout", dropout, minimum=0.0)
     if dropout >= 1.0:
@@ -71,7 +71,7 @@ def frequencies(dim: int, base: float, layout: str) -> tuple[decimal.Decimal, ..
     Args:
         dim: table width ``d``.
         base: the frequency base (10000 in the paper).
-        layout: one of :data:`LAYOUTS`; ``"tensor2tensor"`` uses the ``h - 1`` denominator.
+        layout: one of :data:`SINUSOIDAL_LAYOUTS`; ``"tensor2tensor"`` uses the ``h - 1`` denominator.
 
     Returns:
         ``num_frequencies(dim, layout)`` Decimals, the slowest last.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc.core import alibi as _core
-from posenc.functional._common import check_float_dtype
+from posenc._torch.checks import check_float_dtype
+from posenc.core import alibi as core_alibi
 from posenc.functional.relative import relative_distances
 
 __all__ = ["alibi_bias", "alibi_slopes"]
@@ -21,7 +21,7 @@ def alibi_slopes(
         tensor([0.5000, 0.2500, 0.1250, 0.0625, 0.0312, 0.0156, 0.0078, 0.0039])
     """
     check_float_dtype("dtype", dtype)
-    return torch.tensor(_core.alibi_slopes(num_heads), dtype=torch.float64, device=device).to(dtype)
+    return torch.tensor(core_alibi.alibi_slopes(num_heads), dtype=torch.float64, device=device).to(dtype)
 
 
 def alibi_bias(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc.core import relative as _core
-from posenc.functional._common import check_positions
+from posenc._torch.checks import check_positions
+from posenc.core import relative as core_relative
 
 __all__ = ["relative_distances", "relative_position_bucket"]
 
@@ -48,7 +48,7 @@ def relative_position_bucket(
         >>> relative_position_bucket(torch.tensor([-200, -16, -8, -7, -1, 0, 1, 7, 8, 16, 127, 200]))
         tensor([15, 10,  8,  7,  1,  0, 17, 23, 24, 26, 31, 31])
     """
-    per_side, max_exact, thr = _core.thresholds(num_buckets, max_distance, bidirectional)
+    per_side, max_exact, thr = core_relative.thresholds(num_buckets, max_distance, bidirectional)
     check_positions("relative_position", relative_position)
     rp = relative_position.long()
     if bidirectional:

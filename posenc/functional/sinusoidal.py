@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
-from posenc.core import sinusoidal as _core
-from posenc.functional._common import check_float_dtype, check_position_range, check_positions, exact_sin_cos
+from posenc._torch.angles import exact_sin_cos
+from posenc._torch.checks import check_float_dtype, check_position_range, check_positions
+from posenc.core import sinusoidal as core_sinusoidal
 
 __all__ = ["sinusoidal_encoding", "sinusoidal_table"]
 
@@ -19,7 +20,7 @@ __all__ = ["sinusoidal_encoding", "sinusoidal_table"]
 def _check_args(dim: int, base: float, layout: str, dtype: torch.dtype) -> tuple[int, float]:
     dim = _validate.check_int("dim", dim, minimum=1)
     base = _validate.check_float("base", base, positive=True)
-    _validate.check_choice("layout", layout, _core.LAYOUTS)
+    _validate.check_choice("layout", layout, core_sinusoidal.SINUSOIDAL_LAYOUTS)
     check_float_dtype("dtype", dtype)
     return dim, base
 
@@ -60,8 +61,8 @@ def sinusoidal_encoding(
     dim, base = _check_args(dim, base, layout, dtype)
     check_positions("positions", positions)
     check_position_range("positions", positions)
-    s, c = exact_sin_cos(positions, _core.turns(dim, base, layout))
-    return _core.assemble(s, c, dim, layout, xp=torch).to(dtype)
+    s, c = exact_sin_cos(positions, core_sinusoidal.turns(dim, base, layout))
+    return core_sinusoidal.assemble(s, c, dim, layout, xp=torch).to(dtype)
 
 
 def sinusoidal_table(

@@ -7,8 +7,8 @@ import numpy as np
 from keras import ops
 
 from posenc import _validate
-from posenc.core import alibi as _alibi
-from posenc.core import relative as _relative
+from posenc.core import alibi as core_alibi
+from posenc.core import relative as core_relative
 
 
 def _distances(q_positions, k_positions):
@@ -31,7 +31,7 @@ class AlibiBias(keras.layers.Layer):
         if not isinstance(symmetric, bool):
             raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
         self.symmetric = symmetric
-        self.slopes = np.array(_alibi.alibi_slopes(self.num_heads), dtype=np.float32)
+        self.slopes = np.array(core_alibi.alibi_slopes(self.num_heads), dtype=np.float32)
 
     def call(self, q_positions, k_positions=None):
         k_positions = q_positions if k_positions is None else k_positions
@@ -55,9 +55,9 @@ class RelativePositionBias(keras.layers.Layer):
                  **kwargs) -> None:
         super().__init__(**kwargs)
         self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
-        self.num_buckets, self.max_distance, self.bidirectional = _relative.check_bucket_args(
+        self.num_buckets, self.max_distance, self.bidirectional = core_relative.check_bucket_args(
             num_buckets, max_distance, bidirectional)
-        self.per_side, self.max_exact, thr = _relative.thresholds(self.num_buckets, self.max_distance, self.bidirectional)
+        self.per_side, self.max_exact, thr = core_relative.thresholds(self.num_buckets, self.max_distance, self.bidirectional)
         self._thresholds = np.array(thr, dtype=np.int32)
         self.weight = self.add_weight(shape=(self.num_buckets, self.num_heads),
                                       initializer=keras.initializers.RandomNormal(stddev=1.0), name="weight")

@@ -7,7 +7,7 @@ import numpy as np
 from keras import ops
 
 from posenc import _validate
-from posenc.core import sinusoidal as _core
+from posenc.core import sinusoidal as core_sinusoidal
 from posenc.keras._common import exact_sin_cos, positions_or_range
 
 
@@ -24,13 +24,13 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     def __init__(self, num_positions: int, dim: int, *, init: str = "normal", padding_idx: int | None = None,
                  **kwargs) -> None:
         super().__init__(**kwargs)
-        self.num_positions, self.dim, self.init, padding_idx = _core.check_learned_args(
+        self.num_positions, self.dim, self.init, padding_idx = core_sinusoidal.check_learned_args(
             num_positions, dim, init, padding_idx)
         self.padding_idx = padding_idx
         if self.init == "sinusoidal":
-            freqs = _core.frequencies(self.dim, 10000.0, "interleaved")
+            freqs = core_sinusoidal.frequencies(self.dim, 10000.0, "interleaved")
             s, c = exact_sin_cos(np.arange(self.num_positions), freqs)
-            initializer = keras.initializers.Constant(_core.assemble(s, c, self.dim, "interleaved").astype(np.float32))
+            initializer = keras.initializers.Constant(core_sinusoidal.assemble(s, c, self.dim, "interleaved").astype(np.float32))
         elif self.init == "zeros":
             initializer = "zeros"
         else:

@@ -7,10 +7,8 @@ import numpy as np
 from keras import ops
 
 from posenc import _validate
-from posenc.core import rope as _core
+from posenc.core import rope as core_rope
 from posenc.keras._common import exact_sin_cos, float32_angles, lookup, positions_or_range
-
-LAYOUTS = ("half", "interleaved")
 
 
 @keras.saving.register_keras_serializable(package="posenc")
@@ -30,7 +28,7 @@ class RotaryEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, dim: int, *, max_seq_len: int = 4096, base: float = 10000.0, layout: str = "half",
-                 scaling: _core.RopeScaling | dict | None = None, xpos_scale_base: float | None = None,
+                 scaling: core_rope.RopeScaling | dict | None = None, xpos_scale_base: float | None = None,
                  **kwargs) -> None:
         super().__init__(**kwargs)
         self.dim = _validate.check_int("dim", dim, minimum=2)
@@ -38,17 +36,17 @@ class RotaryEmbedding(keras.layers.Layer):
             raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
         self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
         self.base = _validate.check_float("base", base, positive=True)
-        self.layout = _validate.check_choice("layout", layout, LAYOUTS)
-        self.scaling = _core.scaling_from_config(scaling)
+        self.layout = _validate.check_choice("layout", layout, core_rope.ROPE_LAYOUTS)
+        self.scaling = core_rope.scaling_from_config(scaling)
         self.xpos_scale_base = None if xpos_scale_base is None else _validate.check_float(
             "xpos_scale_base", xpos_scale_base, positive=True)
         self.attention_factor = 1.0 if self.scaling is None else self.scaling.attention_factor()
         self._tables = {"base": self._build(None)}
-        if isinstance(self.scaling, _core.LongRopeScaling):
+        if isinstance(self.scaling, core_rope.LongRopeScaling):
             self._tables["long"] = self._build(self.scaling.original_max_seq_len + 1)
 
     def _build(self, seq_len):
-        freqs = _core.frequencies(self.dim, self.base, self.scaling, seq_len)
+        freqs = core_rope.frequencies(self.dim, self.base, self.scaling, seq_len)
         s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)
         f = self.attention_factor
         return (c * f).astype(np.float32), (s * f).astype(np.float32), np.array([float(x) for x in freqs])
@@ -66,7 +64,7 @@ class RotaryEmbedding(keras.layers.Layer):
         if rule is not None and rule.length_dependent:
             length = ops.max(positions) + 1 if seq_len is None else seq_len
             longer = ops.greater(length, rule.original_max_seq_len)
-            if isinstance(rule, _core.LongRopeScaling):
+            if isinstance(rule, core_rope.LongRopeScaling):
                 cos_l, sin_l = pick("long")
             else:   # dynamic NTK: the base grows with the length, in float32 in the graph
                 d = self.dim
@@ -82,7 +80,7 @@ class RotaryEmbedding(keras.layers.Layer):
     def _rotate(self, x, cos, sin, key: bool, positions, seq_axis: int):
         h = self.dim // 2
         if self.xpos_scale_base is not None:
-            log_zeta = ops.convert_to_tensor(np.log(_core.xpos_zeta(self.dim)).astype(np.float32))
+            log_zeta = ops.convert_to_tensor(np.log(core_rope.xpos_zeta(self.dim)).astype(np.float32))
             power = ops.expand_dims(ops.cast(positions, "float32"), -1) / self.xpos_scale_base
             scale = ops.exp(power * log_zeta * (-1.0 if key else 1.0))
             scale = self._broadcast(scale, ops.ndim(x), seq_axis, positions)
@@ -135,5 +133,5 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "dim": self.dim, "max_seq_len": self.max_seq_len, "base": self.base,
-                "layout": self.layout, "scaling": _core.scaling_to_config(self.scaling),
+                "layout": self.layout, "scaling": core_rope.scaling_to_config(self.scaling),
                 "xpos_scale_base": self.xpos_scale_base}

@@ -7,7 +7,7 @@ import numpy as np
 from keras import ops
 
 from posenc import _validate
-from posenc.core import sinusoidal as _core
+from posenc.core import sinusoidal as core_sinusoidal
 from posenc.keras._common import exact_sin_cos, float32_angles, lookup, positions_or_range
 
 
@@ -31,11 +31,11 @@ class SinusoidalEncoding(keras.layers.Layer):
     def __init__(self, dim: int, *, max_seq_len: int = 2048, base: float = 10000.0, layout: str = "interleaved",
                  scale: float = 1.0, dropout: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.dim, self.max_seq_len, self.base, self.layout, self.scale, self.dropout = _core.check_encoding_args(
+        self.dim, self.max_seq_len, self.base, self.layout, self.scale, self.dropout = core_sinusoidal.check_encoding_args(
             dim, max_seq_len, base, layout, scale, dropout)
-        freqs = _core.frequencies(self.dim, self.base, self.layout)
+        freqs = core_sinusoidal.frequencies(self.dim, self.base, self.layout)
         s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)
-        self._table = _core.assemble(s, c, self.dim, self.layout).astype(np.float32)      # (P, D), one rounding
+        self._table = core_sinusoidal.assemble(s, c, self.dim, self.layout).astype(np.float32)      # (P, D), one rounding
         self._inv_freq = np.array([float(f) for f in freqs])
         self._drop = keras.layers.Dropout(self.dropout) if self.dropout else None
 
@@ -44,8 +44,8 @@ class SinusoidalEncoding(keras.layers.Layer):
         length = self.max_seq_len if length is None else _validate.check_int("length", length, minimum=0)
         if length <= self.max_seq_len:
             return self._table[:length]
-        s, c = exact_sin_cos(np.arange(length), _core.frequencies(self.dim, self.base, self.layout))
-        return _core.assemble(s, c, self.dim, self.layout).astype(np.float32)
+        s, c = exact_sin_cos(np.arange(length), core_sinusoidal.frequencies(self.dim, self.base, self.layout))
+        return core_sinusoidal.assemble(s, c, self.dim, self.layout).astype(np.float32)
 
     def _analytic(self, positions):
         angles = float32_angles(positions, self._inv_freq)

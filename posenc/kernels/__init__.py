@@ -1,26 +1,37 @@
-"""Optional fast paths.  Nothing here is imported by ``import posenc``; Triton is imported lazily.
+"""Rotation engines behind one keyword-only interface.  ``import posenc`` imports none of them.
 
-:func:`triton_available` says whether the Triton RoPE kernel can run for a tensor: on CUDA when
-Triton imports, and on CPU tensors only under ``TRITON_INTERPRET=1`` (how CI tests it).
+Each engine module defines ``rope_qk(q, k, *, cos, sin, positions, offset, layout, seq_dim,
+inplace, packed=None) -> (q_out, k_out)``: rotate queries and keys by the rows of ``(P, d/2)`` float
+tables (``cos``/``sin``, or both packed in one table by ``torch_rope.pack_tables``) for
+``positions`` (``(S,)``/``(B, S)``) or ``offset + arange(S)``.  Arguments arrive checked: the public
+functions in :mod:`posenc.functional` and :mod:`posenc.nn` validate them and pick the engine once.
+
+- :mod:`posenc.kernels.torch_rope`: pure torch, any device; cache-blocked on large tensors, a
+  few calls on small ones (decode steps); differentiable and traceable.
+- :mod:`posenc.kernels.triton_rope`: the fused Triton kernel, one launch for q and k (imported on
+  first use; CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``).
+
+:func:`triton_available` says whether the Triton kernel can run for a tensor.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import importlib
+from collections.abc import Callable
 
-import torch
+from posenc._torch.backend import triton_available
 
-__all__ = ["triton_available"]
+__all__ = ["ENGINES", "rope_engine", "triton_available"]
 
-# Decided once, at import, so that the dispatch rule is a constant inside torch.compile graphs.
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
+ENGINES = ("torch", "triton")
+_loaded: dict[str, Callable] = {}
 
 
-def triton_available(device: torch.device) -> bool:
-    """True when the Triton kernel can run on ``device`` here."""
-    if not _HAS_TRITON:
-        return False
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+def rope_engine(name: str) -> Callable:
+    """The ``rope_qk`` function of engine ``name`` (``"torch"`` or ``"triton"``)."""
+    fn = _loaded.get(name)
+    if fn is None:
+        if name not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
+        fn = _loaded[name] = importlib.import_module(f"posenc.kernels.{name}_rope").rope_qk
+    return fn

@@ -1,7 +1,8 @@
 """Fused RoPE for q and k in one Triton launch (both layouts, partial rotary, GQA, any strides).
 
 Each program takes one token ``(b, s)``: it reads the token's position, one row of the exact
-float32 cos/sin tables (GPU ``sin``/``cos`` of large float32 angles would lose the exactness of the
+float32 cos/sin tables (a position outside the table reads nothing and gives NaN rows, so a
+broken ``assume_in_table`` promise is visible and never reads past the table) (GPU ``sin``/``cos`` of large float32 angles would lose the exactness of the
 tables), and rotates every head of q and then of k in float32, rounding once to the output dtype.
 q and k are read once and written once, which is the memory-bound minimum.  The backward pass is
 the same kernel rotating by ``-theta`` (``CONJ``): rotations are orthogonal, so the gradient of
@@ -16,6 +17,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from posenc.kernels.torch_rope import unpack_tables
 
 __all__ = ["rope_qk"]
 
@@ -52,10 +55,10 @@ def _rotate_heads(src_ptr, dst_ptr, n_heads, s_h, s_d, o_h, o_d, c, sn, H2,
 @triton.jit
 def _rope_qk_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
-    S, HQ, HK, H2, offset,
+    S, HQ, HK, H2, P, offset,
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
     so_b, so_s, so_h, so_d, sko_b, sko_s, sko_h, sko_d,
-    sp_b, sp_s,
+    sp_b, sp_s, st_row, st_col,
     HAS_POS: tl.constexpr, HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -67,9 +70,12 @@ def _rope_qk_kernel(
     else:
         pos = (s + offset).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < H2
-    c = tl.load(cos_ptr + pos * H2 + offs_d, mask=mask_d, other=1.0)[None, :]
-    sn = tl.load(sin_ptr + pos * H2 + offs_d, mask=mask_d, other=0.0)[None, :]
+    pos_d = offs_d.to(tl.int64) * 0 + pos                                   # the position, per feature
+    inside = (pos_d >= 0) & (pos_d < P)
+    row = tl.where(inside, pos_d, 0)
+    mask_d = (offs_d < H2) & inside
+    c = tl.load(cos_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
+    sn = tl.load(sin_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
     if CONJ:
         sn = -sn
     _rotate_heads(q_ptr + b * sq_b + s * sq_s, qo_ptr + b * so_b + s * so_s, HQ, sq_h, sq_d, so_h, so_d, c, sn, H2,
@@ -106,7 +112,7 @@ def launch(q, k, qo, ko, cos, sin, positions, offset: int, interleaved: bool, se
     block_h = max(1, min(triton.next_power_of_2(max(hq, hk, 1)), max(1, 4096 // block_d)))
     _rope_qk_kernel[(B * S,)](
         q, k, qo, ko, cos, sin, positions if positions is not None else cos,
-        S, hq, hk, h2, offset, *sq, *sk, *so, *sko, *sp,
+        S, hq, hk, h2, cos.shape[0], offset, *sq, *sk, *so, *sko, *sp, cos.stride(0), cos.stride(1),
         HAS_POS=positions is not None, HAS_K=hk > 0, INTERLEAVED=interleaved, CONJ=conj,
         BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 1024 else 8,
     )
@@ -154,14 +160,23 @@ def _backward(ctx, grad_q, grad_k):
 _rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def rope_qk(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-            positions: torch.Tensor | None, offset: int, interleaved: bool, seq_dim: int,
-            inplace: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rotate q and k with tables ``cos``/``sin`` ``(P, d/2)`` (float32, contiguous).
+def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None, sin: torch.Tensor | None,
+            positions: torch.Tensor | None, offset: int, layout: str, seq_dim: int, inplace: bool,
+            packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotate q and k by the rows of ``(P, d/2)`` tables for ``positions`` or ``offset + arange(S)``.
 
     ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; ``positions`` is ``(S,)``,
-    ``(B, S)`` or None (then ``offset + arange(S)``).  Callers validate the arguments.
+    ``(B, S)`` or None.  Callers validate the arguments and pick this engine.  The tables are
+    ``cos``/``sin`` or ``packed`` (see :func:`posenc.kernels.torch_rope.pack_tables`), read through
+    their strides without copies.
     """
+    if packed is not None:
+        cos, sin = unpack_tables(packed, layout)
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
+        cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
+    if positions is not None:
+        positions = positions.to(q.device)
+    interleaved = layout == "interleaved"
     grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     if inplace and not grad and not torch.compiler.is_compiling():
         launch(q, k, q, k, cos, sin, positions, offset, interleaved, seq_dim, False)

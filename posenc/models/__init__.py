@@ -1,6 +1,9 @@
-"""Reference models built on posenc (nothing in the library imports this package)."""
+"""Former home of the experiment code, now :mod:`posenc.lab`; kept so that old imports still work."""
 
-from posenc.models.registry import ENCODINGS, EncodingInfo, list_encodings
-from posenc.models.tiny import TinyTransformer
+import warnings
+
+from posenc.lab import ENCODINGS, EncodingInfo, TinyTransformer, list_encodings
 
 __all__ = ["ENCODINGS", "EncodingInfo", "TinyTransformer", "list_encodings"]
+
+warnings.warn("posenc.models moved to posenc.lab; import from posenc.lab", DeprecationWarning, stacklevel=2)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
-from posenc.core import alibi as _core
-from posenc.functional import alibi as _fa
+from posenc.core import alibi as core_alibi
+from posenc.functional import alibi as functional_alibi
 from posenc.nn._tables import TableModule
 
 __all__ = ["AlibiBias"]
@@ -48,14 +48,14 @@ class AlibiBias(TableModule):
         """(Re)compute the slopes, e.g. after meta-device construction and ``to_empty``."""
         if self.slopes.device.type != "meta":
             with torch.no_grad():
-                self.slopes.copy_(torch.tensor(_core.alibi_slopes(self.num_heads), dtype=torch.float64))
+                self.slopes.copy_(torch.tensor(core_alibi.alibi_slopes(self.num_heads), dtype=torch.float64))
 
     def forward(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
         """Bias for queries at ``q_positions`` and keys at ``k_positions`` (default: the same)."""
         k_positions = q_positions if k_positions is None else k_positions
-        return _fa.alibi_bias(q_positions, k_positions, self.slopes, symmetric=self.symmetric, dtype=dtype)
+        return functional_alibi.alibi_bias(q_positions, k_positions, self.slopes, symmetric=self.symmetric, dtype=dtype)
 
     def extra_repr(self) -> str:
         return f"{self.num_heads}, symmetric={self.symmetric}"

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc._torch.checks import check_embeddings, check_position_args
 from posenc.core.sinusoidal import check_learned_args
-from posenc.functional._common import check_embeddings, check_position_args
 from posenc.functional.sinusoidal import sinusoidal_table
 
 __all__ = ["LearnedPositionalEmbedding"]

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from posenc import _validate
-from posenc.core import relative as _core
-from posenc.functional import relative as _fr
+from posenc.core import relative as core_relative
+from posenc.functional import relative as functional_relative
 
 __all__ = ["RelativePositionBias"]
 
@@ -48,7 +48,7 @@ class RelativePositionBias(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
-        self.num_buckets, self.max_distance, self.bidirectional = _core.check_bucket_args(
+        self.num_buckets, self.max_distance, self.bidirectional = core_relative.check_bucket_args(
             num_buckets, max_distance, bidirectional
         )
         self.weight = nn.Parameter(torch.empty(self.num_buckets, self.num_heads, device=device, dtype=dtype))
@@ -59,8 +59,8 @@ class RelativePositionBias(nn.Module):
 
     def buckets(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """Bucket of every (query, key) pair: ``(S, S_k)`` or ``(B, S, S_k)``."""
-        rel = -_fr.relative_distances(q_positions, k_positions)            # key - query
-        return _fr.relative_position_bucket(
+        rel = -functional_relative.relative_distances(q_positions, k_positions)            # key - query
+        return functional_relative.relative_position_bucket(
             rel, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
         )
 

@@ -8,11 +8,16 @@ from typing import Any
 import torch
 
 from posenc import _validate
-from posenc.core import exact as _exact
-from posenc.core import hf_config as _hf
-from posenc.core import rope as _core
-from posenc.functional import rope as _fr
-from posenc.functional._common import check_position_args, check_positions
+from posenc._torch.angles import exact_cos_sin, working_dtype
+from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
+from posenc._torch.checks import check_float_dtype, check_position_args, check_positions, check_qk
+from posenc._torch.rows import guard_in_table, position_range
+from posenc.core import exact as core_exact
+from posenc.core import hf_config as core_hf_config
+from posenc.core import rope as core_rope
+from posenc.core.rope import ROPE_LAYOUTS
+from posenc.kernels import rope_engine
+from posenc.kernels.torch_rope import pack_tables, unpack_tables
 from posenc.nn._tables import TableModule
 
 __all__ = ["RotaryEmbedding"]
@@ -32,6 +37,15 @@ class RotaryEmbedding(TableModule):
     non-persistent buffers that stay float32 after ``module.to(torch.bfloat16)``; ``forward`` never
     writes to the module.  Positions past the table are computed exactly on the fly.  Float64
     inputs get float64 angles.
+
+    Decoding step by step with ``offset`` reads nothing back from the device: the positions'
+    range is known on the host.  With a ``positions`` tensor, one range reduction per call decides
+    between the table and exact computation; pass ``assume_in_table=True`` to promise that every
+    position lies in ``[0, max_seq_len)`` and skip it (no device synchronisation, as a CUDA-graph
+    captured decode step needs).  The lookup stays bounds-checked, so a broken promise raises (or,
+    in the Triton kernel, gives NaN rows) and never reads outside the tables.  While tracing
+    (``torch.compile``, ``torch.export``) the range is unknown: positions are computed exactly, or
+    looked up under a traceable assertion with ``assume_in_table=True`` or ``backend="triton"``.
 
     Length-dependent rules (:class:`~posenc.DynamicNTKScaling`, :class:`~posenc.LongRopeScaling`)
     read ``seq_len`` (default: the largest position + 1).  Within the original context the
@@ -60,7 +74,8 @@ class RotaryEmbedding(TableModule):
             positions raise ``ValueError``.
         backend: ``"auto"`` (the fused Triton kernel for CUDA tensors when Triton imports and the
             case is supported: no xPos, positions inside the table, the table's frequencies; else
-            the torch path), ``"torch"`` or ``"triton"`` (raises when the kernel cannot take a call).
+            the torch engine), ``"torch"`` (never the kernel) or ``"triton"`` (raises when the
+            kernel cannot take a call).  Decided once per call, reading nothing from the device.
         device: device of the tables.
 
     Shape:
@@ -78,7 +93,7 @@ class RotaryEmbedding(TableModule):
         Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv:2104.09864.
     """
 
-    _table_buffers = ("inv_freq_table", "turns", "cos_table", "sin_table")
+    _table_buffers = ("inv_freq_table", "turns", "packed_table")
     _ignored_state_keys = (
         "inv_freq", "cos_cached", "sin_cached", "_cos_cached", "_sin_cached", "freqs", "freqs_cis", "cache", "theta",
         "original_inv_freq",
@@ -91,7 +106,7 @@ class RotaryEmbedding(TableModule):
         max_seq_len: int = 4096,
         base: float = 10000.0,
         layout: str = "half",
-        scaling: _core.RopeScaling | None = None,
+        scaling: core_rope.RopeScaling | None = None,
         xpos_scale_base: float | None = None,
         backend: str = "auto",
         device: torch.device | str | None = None,
@@ -102,11 +117,12 @@ class RotaryEmbedding(TableModule):
             raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
         self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
         self.base = _validate.check_float("base", base, positive=True)
-        self.layout = _validate.check_choice("layout", layout, _fr.LAYOUTS)
-        self.backend = _validate.check_choice("backend", backend, _fr.BACKENDS)
+        self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+        self.backend = check_rope_backend(backend)
         # validates scaling and base too
-        freqs = _core.frequencies(self.dim, self.base, scaling, None)
+        freqs = core_rope.frequencies(self.dim, self.base, scaling, None)
         self.scaling = scaling
+        self._length_dependent = scaling is not None and scaling.length_dependent
         self.attention_factor = 1.0 if scaling is None else scaling.attention_factor()
         self.xpos_scale_base = (
             None if xpos_scale_base is None else _validate.check_float("xpos_scale_base", xpos_scale_base, positive=True)
@@ -114,8 +130,10 @@ class RotaryEmbedding(TableModule):
         h = self.dim // 2
         self.register_buffer("inv_freq_table", torch.empty(h, device=device, dtype=torch.float64), persistent=False)
         self.register_buffer("turns", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
-        for name in ("cos_table", "sin_table"):
-            self.register_buffer(name, torch.empty(self.max_seq_len, h, device=device), persistent=False)
+        # cos/sin rows packed as the torch engine reads them (cos_table and sin_table are views):
+        # [cos | cos | -sin | sin] for "half", (cos, sin) pairs for "interleaved"
+        width = 4 * h if self.layout == "half" else 2 * h
+        self.register_buffer("packed_table", torch.empty(self.max_seq_len, width, device=device), persistent=False)
         self._freqs = freqs
         self.reset_buffers()
 
@@ -124,21 +142,30 @@ class RotaryEmbedding(TableModule):
         cls, config: Mapping[str, Any], *, max_seq_len: int = 4096, layout: str = "half", device=None
     ) -> RotaryEmbedding:
         """Build from a Hugging Face ``config.json`` dict (see :func:`posenc.rope_scaling_from_hf`)."""
-        base, rotary_dim, scaling = _hf.rope_scaling_from_hf(config)
+        base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config)
         return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, device=device)
 
     def reset_buffers(self) -> None:
         """(Re)build the tables in place, e.g. after meta-device construction and ``to_empty``."""
-        device = self.cos_table.device
+        device = self.packed_table.device
         if device.type == "meta":
             return
         with torch.no_grad():
             self.inv_freq_table.copy_(torch.tensor([float(f) for f in self._freqs], dtype=torch.float64))
-            self.turns.copy_(torch.from_numpy(_exact.turns_split(self._freqs).copy()))
-            c, s = _fr._exact_cos_sin(torch.arange(self.max_seq_len, device=device), self.turns,
-                                      self.attention_factor, torch.float64)
-            self.cos_table.copy_(c)                                           # one rounding
-            self.sin_table.copy_(s)
+            self.turns.copy_(torch.from_numpy(core_exact.turns_split(self._freqs).copy()))
+            c, s = exact_cos_sin(torch.arange(self.max_seq_len, device=device), self.turns, self.attention_factor,
+                                 torch.float64)
+            self.packed_table.copy_(pack_tables(c, s, self.layout))           # one rounding
+
+    @property
+    def cos_table(self) -> torch.Tensor:
+        """``cos`` of the precomputed positions, float32 ``(max_seq_len, dim/2)`` (a view)."""
+        return unpack_tables(self.packed_table, self.layout)[0]
+
+    @property
+    def sin_table(self) -> torch.Tensor:
+        """``sin`` of the precomputed positions, float32 ``(max_seq_len, dim/2)`` (a view)."""
+        return unpack_tables(self.packed_table, self.layout)[1]
 
     @property
     def inv_freq(self) -> torch.Tensor:
@@ -150,59 +177,16 @@ class RotaryEmbedding(TableModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` of shape ``positions.shape + (dim/2,)``, attention factor included."""
         check_positions("positions", positions)
-        return self._cos_sin(positions, self._range(positions), seq_len, dtype)
-
-    @staticmethod
-    def _range(positions: torch.Tensor) -> tuple[int, int]:
-        """``(min, max)`` of ``positions``, read once per call (a device sync on GPUs); ``(0, 0)``
-        when empty or while compiling, where data-dependent checks are skipped."""
-        if positions.numel() and not torch.compiler.is_compiling():
-            return int(positions.min()), int(positions.max())
-        return 0, 0
-
-    def _cos_sin(self, positions: torch.Tensor, rng: tuple[int, int], seq_len: int | None, dtype: torch.dtype):
-        lo, hi = rng
-        compiling = torch.compiler.is_compiling()
-        if self.scaling is not None and self.scaling.length_dependent:
-            length = seq_len if seq_len is not None else hi + 1
-            freqs = self.scaling.frequencies(self.dim, self.base, length)
-            if freqs != self._freqs:                                         # this call only
-                return _fr._exact_cos_sin(positions, _exact.turns_split(freqs), self.attention_factor, dtype)
-        if dtype == torch.float32 and not compiling and 0 <= lo and hi < self.max_seq_len:
+        check_float_dtype("dtype", dtype)
+        if seq_len is not None:
+            seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
+        rng = self._range(positions, False)
+        freqs = self._call_frequencies(rng, seq_len)
+        if freqs is None and dtype == torch.float32 and self._in_table(rng):
             return self.cos_table[positions], self.sin_table[positions]
-        if lo < -_exact.MAX_POSITION or hi > _exact.MAX_POSITION:
-            raise ValueError(f"positions must lie within [-2**31, 2**31], got values in [{lo}, {hi}]")
-        return _fr._exact_cos_sin(positions, self.turns, self.attention_factor, dtype)
+        return self._exact(positions, rng, freqs, dtype)
 
-    def _xpos_scale(self, positions: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """``zeta^(p / scale_base)`` per pair, float64 ``positions.shape + (dim/2,)``."""
-        limit = 70 * self.xpos_scale_base
-        if max(-lo, hi) >= limit:
-            raise ValueError(
-                f"xPos scales overflow float32 for |position| >= 70 * xpos_scale_base = {limit:g}; got positions in "
-                f"[{lo}, {hi}]; raise xpos_scale_base"
-            )
-        log_zeta = torch.from_numpy(_core.xpos_zeta(self.dim)).log().to(positions.device)
-        return torch.exp(positions.to(torch.float64)[..., None] / self.xpos_scale_base * log_zeta)
-
-    def _check(self, name: str, t: torch.Tensor) -> None:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., S, D), got shape {tuple(t.shape)}")
-        if t.shape[-1] < self.dim:
-            raise ValueError(
-                f"{name} has head dim {t.shape[-1]} < rotary dim {self.dim}; build RotaryEmbedding with "
-                f"dim <= the head dim"
-            )
-
-    def _positions(self, x: torch.Tensor, sd: int, positions: torch.Tensor | None, offset: int) -> torch.Tensor:
-        """Validated positions ``(S,)`` or ``(B, S)`` for ``x`` with sequence axis ``sd``."""
-        length = x.shape[sd]
-        offset = check_position_args(positions, offset, length, x.shape[0] if sd > 0 else None)
-        return torch.arange(offset, offset + length, device=x.device) if positions is None else positions
+    # ---- the one validation and decision per call --------------------------------------------------
 
     def forward(
         self,
@@ -214,6 +198,7 @@ class RotaryEmbedding(TableModule):
         seq_dim: int = -2,
         inplace: bool = False,
         seq_len: int | None = None,
+        assume_in_table: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
 
@@ -227,46 +212,11 @@ class RotaryEmbedding(TableModule):
             inplace: rotate ``q`` and ``k`` in place (the fast path; no output allocation).
             seq_len: current sequence length for length-dependent rules (default: the largest
                 position + 1).
+            assume_in_table: promise that ``positions`` lie in ``[0, max_seq_len)``: their range
+                is not read back from the device (see the class docstring).
         """
-        self._check("q", q)
-        if k is not None:
-            self._check("k", k)
-        sd = _fr.normalize_seq_dim(q, seq_dim)
-        if k is not None and (k.dim() != q.dim() or k.shape[sd] != q.shape[sd] or k.shape[0] != q.shape[0]):
-            raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in rank, batch and sequence length")
-        if seq_len is not None:
-            seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
-        positions = self._positions(q, sd, positions, offset)
-        rng = self._range(positions)
-        if self.backend != "torch":
-            why = self._triton_why_not(q, k, sd, rng, seq_len)
-            if _fr.use_triton(self.backend, q, why):
-                from posenc.kernels import triton_rope
-
-                return triton_rope.rope_qk(q, k, self.cos_table, self.sin_table, positions, 0,
-                                           self.layout == "interleaved", sd, inplace)
-        tables = self._tables(q, positions, rng, sd, seq_len)                     # once for q and k
-        q_out = self._rotate(q, positions, rng, sd, tables, key=False, inplace=inplace)
-        k_out = None if k is None else self._rotate(k, positions, rng, sd, tables, key=True, inplace=inplace)
-        return q_out, k_out
-
-    def _triton_why_not(self, q, k, sd, rng, seq_len) -> str | None:
-        """Why the fused kernel cannot take this call (None if it can)."""
-        why = _fr._triton_case(q, sd) or (None if k is None else _fr._triton_case(k, sd))
-        if why:
-            return why
-        if self.xpos_scale_base is not None:
-            return "xPos scales are applied by the torch path"
-        if torch.compiler.is_compiling():
-            return None if self.scaling is None or not self.scaling.length_dependent else "length-dependent rule"
-        lo, hi = rng
-        if lo < 0 or hi >= self.max_seq_len:
-            return f"positions [{lo}, {hi}] go past the table of {self.max_seq_len} rows (the torch path computes them)"
-        if self.scaling is not None and self.scaling.length_dependent:
-            length = seq_len if seq_len is not None else hi + 1
-            if self.scaling.frequencies(self.dim, self.base, length) != self._freqs:
-                return f"the rule's frequencies for seq_len={length} differ from the table's"
-        return None
+        sd = check_qk(q, k, seq_dim, self.dim)
+        return self._rotate_checked(q, k, sd, positions, offset, seq_len, assume_in_table, inplace, False)
 
     def rotate(
         self,
@@ -278,6 +228,7 @@ class RotaryEmbedding(TableModule):
         seq_dim: int = -2,
         inplace: bool = False,
         seq_len: int | None = None,
+        assume_in_table: bool = False,
     ) -> torch.Tensor:
         """Rotate one tensor of queries (``key=False``) or keys (``key=True``) on its own positions.
 
@@ -285,33 +236,120 @@ class RotaryEmbedding(TableModule):
         this directly when queries and keys sit at different positions (a query after cached keys).
         ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
         """
-        self._check("x", x)
         if not isinstance(key, bool):
             raise TypeError(f"key must be a bool, got {key!r}")
-        sd = _fr.normalize_seq_dim(x, seq_dim)
+        sd = check_qk(x, None, seq_dim, self.dim)
+        return self._rotate_checked(x, None, sd, positions, offset, seq_len, assume_in_table, inplace, key)[0]
+
+    def _rotate_checked(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key):
+        """Validate the positions once, decide tables or exact rows and the engine once, rotate."""
+        length = q.shape[sd]
+        offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None)
         if seq_len is not None:
             seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
-        positions = self._positions(x, sd, positions, offset)
-        rng = self._range(positions)
-        tables = self._tables(x, positions, rng, sd, seq_len)
-        return self._rotate(x, positions, rng, sd, tables, key=key, inplace=inplace)
+        if not isinstance(assume, bool):
+            raise TypeError(f"assume_in_table must be a bool, got {assume!r}")
+        if not length:
+            return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
+        rng = (offset, offset + length - 1) if positions is None else self._range(positions, assume)
+        freqs = self._call_frequencies(rng, seq_len)
+        from_table = freqs is None and self.xpos_scale_base is None and q.dtype != torch.float64 and (
+            self._in_table(rng) if rng is not None else assume)
+        engine = self._engine(q, k, sd, rng, freqs, from_table)
+        if from_table:
+            if rng is None and torch.compiler.is_compiling():
+                guard_in_table("positions", positions, self.max_seq_len)
+            return engine(q, k, cos=None, sin=None, positions=positions, offset=offset, layout=self.layout, seq_dim=sd,
+                          inplace=inplace, packed=self.packed_table)
+        if positions is None:
+            positions = torch.arange(offset, offset + length, device=q.device)
+        cos, sin = self._exact(positions, rng, freqs, working_dtype(q.dtype))       # (S, h) or (B, S, h)
+        if self.xpos_scale_base is None:
+            return self._rotate_rows(engine, q, k, sd, positions, cos, sin, inplace)
+        scale = self._xpos_scale(positions, rng)                                     # float64, like cos
+        outs = []
+        for t, is_key in ((q, q_is_key), (k, True)):
+            if t is not None:
+                sc = 1.0 / scale if is_key else scale
+                c, s = (cos * sc).to(cos.dtype), (sin * sc).to(sin.dtype)
+                t = self._rotate_rows(engine, t, None, sd, positions, c, s, inplace)[0]
+            outs.append(t)
+        return outs[0], outs[1]
 
-    def _tables(self, x: torch.Tensor, positions: torch.Tensor, rng: tuple[int, int], sd: int, seq_len: int | None):
-        """cos/sin for ``positions``, shaped to broadcast against ``x`` (sequence axis ``sd``)."""
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self._cos_sin(positions, rng, seq_len, dtype)                # (S, h) or (B, S, h)
-        return _fr.broadcast_rows(cos, x.dim(), sd), _fr.broadcast_rows(sin, x.dim(), sd)
+    def _rotate_rows(self, engine, q, k, sd, positions, cos, sin, inplace):
+        """Rotate by rows computed for this call: ``(S, h)``, or ``(B, S, h)`` read as a table."""
+        if cos.dim() == 2:
+            return engine(q, k, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout, seq_dim=sd,
+                          inplace=inplace)
+        index = torch.arange(positions.numel(), device=cos.device).view(positions.shape)     # (B, S)
+        return engine(q, k, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
+                      layout=self.layout, seq_dim=sd, inplace=inplace)
 
-    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, rng: tuple[int, int], sd: int, tables, *,
-                key: bool, inplace: bool) -> torch.Tensor:
-        """Rotate ``x`` whose sequence axis is ``sd`` by ``positions`` (validated) with ``tables``."""
-        cos, sin = tables
-        if self.xpos_scale_base is not None:
-            scale = _fr.broadcast_rows(self._xpos_scale(positions, *rng), x.dim(), sd)      # float64
-            if key:
-                scale = 1.0 / scale
-            cos, sin = (cos * scale).to(cos.dtype), (sin * scale).to(sin.dtype)
-        return _fr.apply_rope(x, cos, sin, layout=self.layout, inplace=inplace)
+    def _engine(self, q, k, sd, rng, freqs, from_table):
+        """The engine for this call, decided once (no device reads)."""
+        if not kernel_possible(self.backend, q):
+            return rope_engine("torch")
+        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
+        if why is None:
+            if self.xpos_scale_base is not None:
+                why = "xPos scales are applied by the torch engine"
+            elif freqs is not None:
+                why = "the rule's frequencies for this length differ from the table's"
+            elif rng is not None and not from_table:
+                why = (f"positions [{rng[0]}, {rng[1]}] go past the table of {self.max_seq_len} rows (the torch "
+                       f"engine computes them)")
+            elif rng is None and not from_table and self.backend == "auto":
+                why = "positions of unknown range while tracing are computed by the torch engine"
+        return rope_engine(resolve_rope_backend(self.backend, q, why))
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _range(positions: torch.Tensor, assume: bool) -> tuple[int, int] | None:
+        """``(min, max)`` of ``positions`` (one device read), or None when unknown: promised in the
+        table, tracing (no data-dependent reads), or empty."""
+        if assume or not positions.numel() or torch.compiler.is_compiling():
+            return None
+        return position_range(positions)
+
+    def _in_table(self, rng: tuple[int, int] | None) -> bool:
+        return rng is not None and 0 <= rng[0] and rng[1] < self.max_seq_len
+
+    def _call_frequencies(self, rng: tuple[int, int] | None, seq_len: int | None):
+        """The rule's frequencies for this call when they differ from the table's, else None."""
+        if not self._length_dependent:
+            return None
+        if seq_len is None:
+            if rng is None:
+                raise ValueError(
+                    f"{type(self.scaling).__name__} depends on the sequence length, which cannot be read from "
+                    f"positions here (they are traced, promised in the table or empty); pass seq_len="
+                )
+            seq_len = rng[1] + 1
+        freqs = self.scaling.frequencies(self.dim, self.base, seq_len)
+        return None if freqs == self._freqs else freqs
+
+    def _exact(self, positions: torch.Tensor, rng, freqs, dtype: torch.dtype):
+        """Exact cos/sin of ``positions`` for this call (``freqs``: the rule's, None: the table's)."""
+        if rng is not None and (rng[0] < -core_exact.MAX_POSITION or rng[1] > core_exact.MAX_POSITION):
+            raise ValueError(f"positions must lie within [-2**31, 2**31], got values in [{rng[0]}, {rng[1]}]")
+        turns = self.turns if freqs is None else core_exact.turns_split(freqs)
+        return exact_cos_sin(positions, turns, self.attention_factor, dtype)
+
+    def _xpos_scale(self, positions: torch.Tensor, rng) -> torch.Tensor:
+        """``zeta^(p / scale_base)`` per pair, float64 ``positions.shape + (dim/2,)``."""
+        limit = 70 * self.xpos_scale_base
+        if rng is None:
+            raise ValueError("xPos needs the positions' range (it guards float32 overflow); it cannot be traced or "
+                             "promised with assume_in_table")
+        lo, hi = rng
+        if max(-lo, hi) >= limit:
+            raise ValueError(
+                f"xPos scales overflow float32 for |position| >= 70 * xpos_scale_base = {limit:g}; got positions in "
+                f"[{lo}, {hi}]; raise xpos_scale_base"
+            )
+        log_zeta = torch.from_numpy(core_rope.xpos_zeta(self.dim)).log().to(positions.device)
+        return torch.exp(positions.to(torch.float64)[..., None] / self.xpos_scale_base * log_zeta)
 
     def extra_repr(self) -> str:
         parts = [f"{self.dim}", f"max_seq_len={self.max_seq_len}", f"base={self.base:g}", f"layout={self.layout!r}"]
@@ -320,5 +358,3 @@ class RotaryEmbedding(TableModule):
         if self.xpos_scale_base is not None:
             parts.append(f"xpos_scale_base={self.xpos_scale_base:g}")
         return ", ".join(parts)
-
-

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc import _validate
-from posenc.core import sinusoidal as _core
-from posenc.functional._common import check_embeddings, check_position_args, exact_sin_cos
+from posenc._torch.angles import exact_sin_cos
+from posenc._torch.checks import check_embeddings, check_position_args
+from posenc.core import sinusoidal as core_sinusoidal
 from posenc.nn._tables import TableModule
 
 __all__ = ["SinusoidalEncoding"]
@@ -74,7 +75,7 @@ class SinusoidalEncoding(TableModule):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.dim, self.max_seq_len, self.base, self.layout, self.scale, self.dropout = _core.check_encoding_args(
+        self.dim, self.max_seq_len, self.base, self.layout, self.scale, self.dropout = core_sinusoidal.check_encoding_args(
             dim, max_seq_len, base, layout, scale, dropout)
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in (torch.float32, torch.float64):
@@ -87,7 +88,7 @@ class SinusoidalEncoding(TableModule):
         for half, name in _HALF.items():
             self.register_buffer(name, torch.empty(shape, device=device, dtype=half), persistent=False)
         # Frequencies in turns, split for exact angles past the table (see posenc.core.exact).
-        n = _core.num_frequencies(self.dim, self.layout)
+        n = core_sinusoidal.num_frequencies(self.dim, self.layout)
         self.register_buffer("turns", torch.empty(4, n, device=device, dtype=torch.float64), persistent=False)
         self.reset_buffers()
 
@@ -97,7 +98,7 @@ class SinusoidalEncoding(TableModule):
         if device.type == "meta":
             return
         with torch.no_grad():
-            self.turns.copy_(torch.from_numpy(_core.turns(self.dim, self.base, self.layout).copy()))
+            self.turns.copy_(torch.from_numpy(core_sinusoidal.turns(self.dim, self.base, self.layout).copy()))
             exact = self._exact(torch.arange(self.max_seq_len, device=device))  # (P, D) float64
             for name in ("table_main", *_HALF.values()):
                 getattr(self, name).copy_(exact)                                # one rounding each
@@ -105,7 +106,7 @@ class SinusoidalEncoding(TableModule):
     def _exact(self, positions: torch.Tensor) -> torch.Tensor:
         """Float64 encoding of ``positions`` ``(...)`` -> ``(..., D)``, exact to ~2**-51 relative."""
         s, c = exact_sin_cos(positions, self.turns)
-        return _core.assemble(s, c, self.dim, self.layout, xp=torch)
+        return core_sinusoidal.assemble(s, c, self.dim, self.layout, xp=torch)
 
     def table(self, length: int | None = None, *, offset: int = 0) -> torch.Tensor:
         """The ``(length, D)`` table starting at position ``offset`` (default: all ``max_seq_len`` rows).

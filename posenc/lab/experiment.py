@@ -1,6 +1,6 @@
 """``posenc compare``: train a tiny Transformer per encoding, then measure it past its training length.
 
-Language modelling on bytes of Python's standard library (:mod:`posenc.models.corpus`): each model
+Language modelling on bytes of Python's standard library (:mod:`posenc.lab.corpus`): each model
 trains on windows of ``train_len`` bytes, then is evaluated, without retraining, on validation
 windows of every ``eval_len``; the per-token loss is averaged over all positions of
 non-overlapping windows (as in Press et al. 2022).  The RoPE-trained model is also evaluated with
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc.core.rope import DynamicNTKScaling, LinearScaling, Llama3Scaling, NTKScaling, YarnScaling
-from posenc.models.corpus import stdlib_corpus
-from posenc.models.registry import ENCODINGS
-from posenc.models.tiny import TinyTransformer
+from posenc.lab.corpus import stdlib_corpus
+from posenc.lab.registry import ENCODINGS
+from posenc.lab.tiny import TinyTransformer
 
 __all__ = ["CompareConfig", "ROPE_RULES", "compare", "position_task"]
 

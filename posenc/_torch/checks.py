@@ -1,4 +1,7 @@
-"""Helpers shared by the torch functional layer (not public)."""
+"""Argument checks of the torch side: tensors, positions, offsets (not public).
+
+Each raises ``TypeError``/``ValueError`` naming the argument, the bad value and the fix.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ def check_position_args(positions: torch.Tensor | None, offset: object, length: 
     ``batch`` when the input has a batch axis (``batch`` not None); it excludes a nonzero
     ``offset``.  Returns the validated ``offset``.
     """
-    offset = _validate.check_int("offset", offset)
+    if type(offset) is not int:
+        offset = _validate.check_int("offset", offset)
     if positions is None:
         return offset
     check_positions("positions", positions)
@@ -79,14 +83,57 @@ def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     return dtype  # type: ignore[return-value]
 
 
-def exact_sin_cos(positions: torch.Tensor, turns) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 ``(sin, cos)`` of ``positions (...) * frequencies`` -> ``(..., n)``, see core.exact.
+def check_float_tensor(name: str, t: object) -> torch.Tensor:
+    """Require a floating ``torch.Tensor``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+    return t
 
-    ``turns`` is the ``(4, n)`` split of :func:`posenc.core.exact.turns_split`, as a NumPy array or
-    a float64 tensor (e.g. a module buffer) on ``positions.device``.  Autocast is off: the angles
-    never drop below float64, whatever the ambient precision.
+
+def normalize_seq_dim(x: torch.Tensor, seq_dim: object) -> int:
+    """``seq_dim`` as a non-negative axis of ``x`` that is not the feature axis."""
+    seq_dim = _validate.check_int("seq_dim", seq_dim)
+    nd = x.dim()
+    if not -nd <= seq_dim < nd or seq_dim % nd == nd - 1:
+        raise ValueError(
+            f"seq_dim={seq_dim} is not a sequence axis of a {nd}-D tensor (features are last); "
+            f"use -2 for (B, H, S, D) or 1 for (B, S, H, D)"
+        )
+    return seq_dim % nd
+
+
+def check_qk(q: object, k: object, seq_dim: object, rotary_dim: int | None = None) -> int:
+    """Check queries and keys rotated together; returns the normalized sequence axis.
+
+    ``q`` and ``k`` (``k`` may be None) must be floating tensors of at least 2 dims with the same
+    rank, batch size and sequence length (head counts may differ: GQA), and a feature dim of at
+    least ``rotary_dim`` when given.  (Written for speed: it runs on every decode step.)
     """
-    if not isinstance(turns, torch.Tensor):
-        turns = torch.tensor(turns, dtype=torch.float64, device=positions.device)
-    with torch.autocast(device_type=positions.device.type, enabled=False):
-        return exact.sin_cos(positions.to(torch.float64), turns, xp=torch)
+    if not (isinstance(q, torch.Tensor) and q.dtype.is_floating_point):
+        check_float_tensor("q", q)
+    nd = q.dim()
+    if nd < 2:
+        raise ValueError(f"q must have at least 2 dims (..., S, D), got shape {tuple(q.shape)}")
+    if type(seq_dim) is not int:
+        seq_dim = _validate.check_int("seq_dim", seq_dim)
+    if not -nd <= seq_dim < nd or seq_dim % nd == nd - 1:
+        normalize_seq_dim(q, seq_dim)                                   # raises with the fix
+    sd = seq_dim % nd
+    if rotary_dim is not None and q.shape[-1] < rotary_dim:
+        raise ValueError(
+            f"q has head dim {q.shape[-1]} < rotary dim {rotary_dim}; build the rotary embedding (or cos/sin) "
+            f"for a rotary dim <= the head dim"
+        )
+    if k is not None:
+        if not (isinstance(k, torch.Tensor) and k.dtype.is_floating_point):
+            check_float_tensor("k", k)
+        if k.dim() != nd or k.shape[sd] != q.shape[sd] or k.shape[0] != q.shape[0]:
+            raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in rank, batch and sequence length")
+        if rotary_dim is not None and k.shape[-1] < rotary_dim:
+            raise ValueError(
+                f"k has head dim {k.shape[-1]} < rotary dim {rotary_dim}; build the rotary embedding (or cos/sin) "
+                f"for a rotary dim <= the head dim"
+            )
+    return sd

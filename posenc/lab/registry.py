@@ -1,4 +1,4 @@
-"""Registry of encodings a :class:`~posenc.models.TinyTransformer` can use (``posenc list``)."""
+"""Registry of encodings a :class:`~posenc.lab.TinyTransformer` can use (``posenc list``)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from posenc import _validate
 from posenc.attn import attention
 from posenc.core.rope import RopeScaling
 from posenc.functional.positions import positions_from_segment_ids
-from posenc.models.registry import ENCODINGS
+from posenc.lab.registry import ENCODINGS
 from posenc.nn import AlibiBias, LearnedPositionalEmbedding, RelativePositionBias, RotaryEmbedding, SinusoidalEncoding
 
 __all__ = ["TinyTransformer"]

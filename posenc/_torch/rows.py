@@ -1,0 +1,66 @@
+"""Positions' range, table-row lookup and broadcasting (not public).
+
+The range of a positions tensor is the only value a rotation may read back from the device.  It is
+read at most once per public call, and never when the caller promises the positions lie inside the
+table (``assume_in_table=True``) or while tracing, where a traceable assertion guards the lookup
+instead: no path reads outside a table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Up to this many positions are read back whole (one small transfer, no reduction: decode steps).
+_READ_WHOLE = 64
+
+
+def position_range(positions: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty positions tensor, with one read from the device."""
+    if positions.numel() <= _READ_WHOLE:
+        values = (positions if positions.dim() == 1 else positions.reshape(-1)).tolist()
+        return min(values), max(values)
+    lo, hi = torch.stack(torch.aminmax(positions)).tolist()              # one reduction, one transfer
+    return lo, hi
+
+
+def out_of_table(name: str, lo: int, hi: int, rows: int, fix: str) -> ValueError:
+    """The error for positions ``[lo, hi]`` outside a table of ``rows`` rows."""
+    return ValueError(f"{name} must lie in [0, {rows}) for this cos/sin table, got values in [{lo}, {hi}]; {fix}")
+
+
+def guard_in_table(name: str, positions: torch.Tensor, rows: int) -> None:
+    """Assert, without reading anything back, that ``positions`` lie in ``[0, rows)``.
+
+    Traceable (``torch.compile``, ``torch.export``): a violation raises at run time (a device-side
+    assertion on CUDA) instead of reading outside the table.
+    """
+    ok = ((positions >= 0) & (positions < rows)).all()
+    torch._assert_async(ok, f"{name} must lie in [0, {rows}) for this cos/sin table")
+
+
+def table_rows(table: torch.Tensor, positions: torch.Tensor | None, offset: int, length: int) -> torch.Tensor:
+    """Rows of a ``(P, h)`` table for ``positions`` (``(S,)``/``(B, S)``) or ``offset + arange(S)``.
+
+    The caller has checked (or guarded) the range; the lookup itself is bounds-checked too (an
+    ``IndexError`` on CPU, a device-side assertion on CUDA), so it never reads outside the table.
+    """
+    if positions is None:
+        return table.narrow(0, offset, length)
+    if positions.dtype not in (torch.int64, torch.int32):
+        positions = positions.long()
+    return torch.embedding(table, positions)
+
+
+def broadcast_rows(rows: torch.Tensor, ndim: int, seq_dim: int) -> torch.Tensor:
+    """Reshape ``(S, h)`` or ``(B, S, h)`` rows to broadcast against an ``ndim``-D tensor whose
+    sequence axis is ``seq_dim`` (features last)."""
+    if rows.dim() == 2 and seq_dim == ndim - 2:
+        return rows                                                      # (S, h) already broadcasts
+    shape = [1] * ndim
+    shape[seq_dim] = rows.shape[-2]
+    shape[-1] = rows.shape[-1]
+    if rows.dim() == 3:
+        if seq_dim == 0:
+            raise ValueError("per-row positions (B, S) need a batch axis before the sequence axis")
+        shape[0] = rows.shape[0]
+    return rows.reshape(shape)

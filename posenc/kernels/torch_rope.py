@@ -1,0 +1,295 @@
+"""The pure-torch rotary engine: a differentiable reference, a small-tensor path and a cache-blocked path.
+
+All three compute, for each feature pair ``(x1, x2)`` and its ``(cos, sin)``,
+``(x1 cos - x2 sin, x2 cos + x1 sin)`` in the working precision (float32, float64 for float64
+inputs) and round once to the input dtype.  Which path runs is this engine's own choice and does
+not change the values beyond the rounding of the working precision:
+
+- **reference** (:func:`rotate_reference`): plain elementwise maths, used when autograd records the
+  call or while tracing (``torch.compile``/``torch.export``), where the other paths' in-place
+  updates and Python loops have no place;
+- **small** tensors (up to :data:`BLOCK` elements, e.g. one decode step): as few torch calls as
+  possible, because each call costs more than its arithmetic.  Half-split pairs take
+  ``x * [cos, cos] + roll(x, d/2) * [-sin, sin]``; interleaved pairs one complex multiplication;
+- **large** tensors: cache-sized blocks, each read once, rotated in cache and written once, straight
+  into the output (out of place) or back into ``x`` (in place).
+
+Arguments arrive checked (see :mod:`posenc.functional.rope`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posenc._torch.angles import working_dtype
+from posenc._torch.rows import broadcast_rows, table_rows
+
+__all__ = ["BLOCK", "rope_qk", "rotate", "rotate_reference"]
+
+#: Elements per block of the cache-blocked path (float32: 1 MiB); smaller tensors take the small path.
+BLOCK = 1 << 18
+
+
+def halves(x: torch.Tensor, h: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two members of every pair, as views of ``x[..., :2h]``."""
+    if layout == "half":
+        return x[..., :h], x[..., h : 2 * h]
+    return x[..., 0 : 2 * h : 2], x[..., 1 : 2 * h : 2]
+
+
+def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str) -> torch.Tensor:
+    """Differentiable out-of-place rotation of ``x[..., :2h]`` (the plain reference), ``h = cos.shape[-1]``."""
+    h = cos.shape[-1]
+    ct = working_dtype(x.dtype)
+    x1, x2 = halves(x.to(ct), h, layout)
+    c, s = cos.to(ct), sin.to(ct)
+    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+    if layout == "half":
+        rot = torch.cat([o1, o2], dim=-1)
+    else:
+        rot = torch.stack([o1, o2], dim=-1).flatten(-2)                  # (..., h, 2) -> (..., 2h)
+    return rot.to(x.dtype)
+
+
+def _complex_view(t: torch.Tensor) -> torch.Tensor | None:
+    """``t (..., 2h)`` viewed as complex ``(..., h)`` when its strides allow it, else None."""
+    if t.stride(-1) != 1 or any(st % 2 for st in t.stride()[:-1]) or t.storage_offset() % 2:
+        return None
+    return torch.view_as_complex(t.unflatten(-1, (t.shape[-1] // 2, 2)))
+
+
+def _blocks(xs: list[torch.Tensor], bs: list[torch.Tensor]):
+    """Split same-shaped ``xs`` (and ``bs``, broadcasting against them with the same rank) along
+    leading dims into cache-sized blocks; yields ``(x_blocks, b_blocks)``."""
+    x = xs[0]
+    if x.numel() <= BLOCK or x.dim() == 1:
+        yield xs, bs
+        return
+    n0 = x.shape[0]
+    per = x.numel() // max(n0, 1)
+    if per <= BLOCK:
+        step = max(1, BLOCK // max(per, 1))
+        for i in range(0, n0, step):
+            sl = slice(i, i + step)
+            yield [t[sl] for t in xs], [b if b.shape[0] == 1 else b[sl] for b in bs]
+    else:
+        for i in range(n0):
+            yield from _blocks([t[i] for t in xs], [b[0] if b.shape[0] == 1 else b[i] for b in bs])
+
+
+def _rotate_blocked(src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
+                    inplace: bool) -> None:
+    """``dst = rotate(src)`` for ``x[..., :2h]`` views (``inplace``: the same memory), block by block.
+
+    Out of place in the working dtype, each block is written straight into ``dst`` (interleaved
+    pairs as one complex multiplication, half-split pairs as two products each).  Otherwise each
+    block is rotated in a working copy (``t = x1 sin; x1 = x1 cos - x2 sin; x2 = x2 cos + t``) and
+    rounded back once.
+    """
+    ct = working_dtype(dst.dtype)
+    c = cos.to(ct).reshape((1,) * (dst.dim() - cos.dim()) + tuple(cos.shape))
+    s = sin.to(ct).reshape(c.shape)
+    use_complex = layout == "interleaved"
+    bcast = [c, s, torch.complex(c, s)] if use_complex else [c, s]
+    direct = not inplace and dst.dtype == ct
+    scratch: dict[str, torch.Tensor] = {}
+
+    def buffer(name: str, shape: torch.Size) -> torch.Tensor:
+        n = shape.numel()
+        if name not in scratch or scratch[name].numel() < n:
+            scratch[name] = torch.empty(max(n, BLOCK), dtype=ct, device=dst.device)
+        return scratch[name][:n].view(shape)
+
+    for (sb, db), (cb, sib, *cis) in _blocks([src, dst], bcast):
+        if direct:
+            sc = _complex_view(sb) if use_complex else None
+            dc = _complex_view(db) if sc is not None else None
+            if dc is not None:
+                torch.mul(sc, cis[0], out=dc)
+                continue
+            x1, x2 = halves(sb, h, layout)
+            o1, o2 = halves(db, h, layout)
+            torch.mul(x1, cb, out=o1).addcmul_(x2, sib, value=-1)
+            torch.mul(x2, cb, out=o2).addcmul_(x1, sib)
+            continue
+        if db.dtype == ct:
+            work = db                                                      # in place, working dtype
+        else:
+            work = buffer("work", db.shape)                                # float32 copy of the block
+            work.copy_(sb)
+        wc = _complex_view(work) if use_complex else None
+        if wc is not None:
+            wc.mul_(cis[0])
+        else:
+            x1, x2 = halves(work, h, layout)
+            tmp = buffer("tmp", x1.shape)
+            torch.mul(x1, sib, out=tmp)
+            x1.mul_(cb).addcmul_(x2, sib, value=-1)
+            x2.mul_(cb).add_(tmp)
+        if work is not db:
+            db.copy_(work)                                                 # one rounding to x's dtype
+
+
+def _half_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([cos, cos], [-sin, sin])``, multiplying ``x`` and ``roll(x, d/2)`` on the small path."""
+    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
+
+
+def _rotate_small(x: torch.Tensor, factors, h: int, layout: str, inplace: bool) -> torch.Tensor:
+    """Rotate a small ``x`` in a handful of torch calls (see the module docstring).
+
+    ``factors`` are :func:`_half_factors` for the half layout, the complex ``cos + i sin`` for the
+    interleaved one, in the working dtype of ``x``.
+    """
+    d = 2 * h
+    xr = x if d == x.shape[-1] else x[..., :d]
+    if layout == "half":
+        rot = xr * factors[0]                                              # float32 even for half-precision x
+        rot.addcmul_(xr.roll(h, -1), factors[1])                          # x2 -> first half, x1 -> second
+    else:
+        ct = working_dtype(x.dtype)
+        xw = xr if xr.dtype == ct else xr.to(ct)
+        xc = _complex_view(xw)
+        if xc is None:
+            xc = _complex_view(xw.contiguous())
+        rot = torch.view_as_real(xc * factors[0]).flatten(-2)
+    if rot.dtype != x.dtype:
+        rot = rot.to(x.dtype)                                              # one rounding
+    if inplace:
+        xr.copy_(rot)
+        return x
+    return rot if xr is x else torch.cat([rot, x[..., d:]], -1)
+
+
+def _small_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str, dtype: torch.dtype):
+    """The small path's factors for inputs of ``dtype``, in its working dtype."""
+    ct = working_dtype(dtype)
+    c = cos if cos.dtype == ct else cos.to(ct)
+    s = sin if sin.dtype == ct else sin.to(ct)
+    return _half_factors(c, s) if layout == "half" else (torch.complex(c, s),)
+
+
+def _rotate_small_qk(q: torch.Tensor, k: torch.Tensor | None, factors, h: int, layout: str, inplace: bool,
+                     seq_dim: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The small path for q and k (same dtype).  A decode step's q and k (batch 1, one token) are
+    rotated as one tensor, concatenated along the head axis and split back into contiguous outputs:
+    half the calls."""
+    if k is not None and seq_dim is not None and not inplace and q.dim() == 4 and 2 * h == q.shape[-1]:
+        head = 1 if seq_dim == 2 else 2                                    # (B, H, S, D) or (B, S, H, D)
+        qs, ks = q.shape, k.shape
+        if qs[0] == 1 and ks[0] == 1 and (head == 1 or qs[1] == ks[1] == 1) and qs[head + 1 :] == ks[head + 1 :]:
+            both = _rotate_small(torch.cat([q, k], head), factors, h, layout, False)
+            q_out, k_out = both.split_with_sizes([qs[head], ks[head]], head)
+            return q_out, k_out
+    return _rotate_small(q, factors, h, layout, inplace), (
+        None if k is None else _rotate_small(k, factors, h, layout, inplace))
+
+
+def _rotate_large(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
+                  inplace: bool) -> torch.Tensor:
+    d = 2 * h
+    if inplace:
+        xr = x if d == x.shape[-1] else x[..., :d]
+        _rotate_blocked(xr, xr, cos, sin, h, layout, True)
+        return x
+    out = torch.empty_like(x)
+    if d < x.shape[-1]:
+        out[..., d:] = x[..., d:]                                          # pass-through features
+    _rotate_blocked(x[..., :d], out[..., :d], cos, sin, h, layout, False)
+    return out
+
+
+def _needs_reference(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Autograd records the call, or it is being traced."""
+    grad = torch.is_grad_enabled() and (
+        q.requires_grad or (k is not None and k.requires_grad) or cos.requires_grad or sin.requires_grad
+    )
+    return grad or torch.compiler.is_compiling()
+
+
+def _rotate_pair(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 inplace: bool, seq_dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotate ``q`` and ``k`` (None allowed) with cos/sin broadcasting against both; ``seq_dim``
+    (when known) lets a decode step's q and k share the small path's calls."""
+    h = cos.shape[-1]
+    if _needs_reference(q, k, cos, sin):
+        return tuple(None if x is None else _reference_call(x, cos, sin, h, layout, inplace) for x in (q, k))
+    if q.numel() <= BLOCK and (k is None or (k.numel() <= BLOCK and k.dtype == q.dtype)):
+        return _rotate_small_qk(q, k, _small_factors(cos, sin, layout, q.dtype), h, layout, inplace, seq_dim)
+    return tuple(None if x is None else _rotate_one(x, cos, sin, h, layout, inplace) for x in (q, k))
+
+
+def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
+                inplace: bool) -> torch.Tensor:
+    if x.numel() > BLOCK:
+        return _rotate_large(x, cos, sin, h, layout, inplace)
+    return _rotate_small(x, _small_factors(cos, sin, layout, x.dtype), h, layout, inplace)
+
+
+def _reference_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
+                    inplace: bool) -> torch.Tensor:
+    rot = rotate_reference(x, cos, sin, layout=layout)
+    if inplace:
+        x[..., : 2 * h] = rot
+        return x
+    return rot if 2 * h == x.shape[-1] else torch.cat([rot, x[..., 2 * h :]], dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str, inplace: bool) -> torch.Tensor:
+    """Rotate ``x[..., :2h]`` by cos/sin ``(..., h)`` that broadcast against ``x[..., :h]``."""
+    return _rotate_pair(x, None, cos, sin, layout, inplace)[0]
+
+
+def pack_tables(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """The ``packed`` form of ``(P, h)`` tables that :func:`rope_qk` reads without preparation:
+    rows ``[cos | cos | -sin | sin]`` (``(P, 4h)``, half layout) or ``(cos, sin)`` pairs
+    (``(P, 2h)``, interleaved layout: one complex number per pair)."""
+    if layout == "half":
+        return torch.cat([cos, cos, -sin, sin], -1)
+    return torch.stack([cos, sin], -1).flatten(-2)
+
+
+def unpack_tables(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` ``(P, h)`` views of a :func:`pack_tables` table."""
+    if layout == "half":
+        h = packed.shape[-1] // 4
+        return packed[:, :h], packed[:, 3 * h :]
+    return packed[:, 0::2], packed[:, 1::2]
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None, sin: torch.Tensor | None,
+            positions: torch.Tensor | None, offset: int, layout: str, seq_dim: int, inplace: bool,
+            packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotate q and k by the rows of ``(P, h)`` tables for ``positions`` or ``offset + arange(S)``.
+
+    The tables are ``cos`` and ``sin``, or ``packed`` (their float32 :func:`pack_tables` form, as
+    ``RotaryEmbedding`` stores them; then ``cos``/``sin`` are None), which saves the small path's
+    per-call preparation.  ``seq_dim`` is the non-negative sequence axis of q and k; positions lie
+    inside the tables (the caller checked or guarded them; the lookup is bounds-checked as well).
+    """
+    seq_len = q.shape[seq_dim]
+    nd = q.dim()
+    if packed is not None:
+        if (q.numel() <= BLOCK and q.dtype != torch.float64 and (k is None or (k.numel() <= BLOCK and k.dtype == q.dtype))
+                and not _needs_reference(q, k, packed, packed)):
+            return _rotate_small_packed(q, k, packed, positions, offset, seq_len, seq_dim, layout, inplace)
+        cos, sin = unpack_tables(packed, layout)
+    c = table_rows(cos, positions, offset, seq_len)
+    s = table_rows(sin, positions, offset, seq_len)
+    if c.dim() != 2 or seq_dim != nd - 2:
+        c, s = broadcast_rows(c, nd, seq_dim), broadcast_rows(s, nd, seq_dim)
+    return _rotate_pair(q, k, c, s, layout, inplace, seq_dim)
+
+
+def _rotate_small_packed(q, k, packed, positions, offset, seq_len, seq_dim, layout, inplace):
+    """The small path reading its factors straight from packed rows: one lookup, no preparation."""
+    rows = table_rows(packed, positions, offset, seq_len)                  # (S, 4h | 2h) or (B, S, ...)
+    if rows.dim() != 2 or seq_dim != q.dim() - 2:
+        rows = broadcast_rows(rows, q.dim(), seq_dim)
+    if layout == "half":
+        h = rows.shape[-1] // 4
+        factors = rows.chunk(2, -1)                                        # [cos | cos], [-sin | sin]
+    else:
+        h = rows.shape[-1] // 2
+        factors = (torch.view_as_complex(rows.unflatten(-1, (h, 2))),)
+    return _rotate_small_qk(q, k, factors, h, layout, inplace, seq_dim)
