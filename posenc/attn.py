@@ -5,12 +5,18 @@ compares *positions*, not indices; packed sequences stay inside their segment.  
 backend is ``torch.nn.functional.scaled_dot_product_attention``; ``backend="flex"`` uses
 ``torch.nn.attention.flex_attention`` (compiled), which applies the biases as a score modification
 and the masks as a block mask, without materialising ``(S, S_k)`` tensors.
+
+An encoding takes part through :class:`AttentionEncoding`, three methods it implements itself
+(rotate q and k; a bias from positions; a flex score modification), so a new encoding is one class
+and this module never repeats an encoding's formula.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -18,13 +24,8 @@ import torch.nn.functional as F
 from posenc import _validate
 from posenc._torch.checks import check_positions
 from posenc.functional.positions import positions_from_segment_ids
-from posenc.nn.alibi import AlibiBias
-from posenc.nn.learned import LearnedPositionalEmbedding
-from posenc.nn.relative import RelativePositionBias
-from posenc.nn.rotary import RotaryEmbedding
-from posenc.nn.sinusoidal import SinusoidalEncoding
 
-__all__ = ["attention"]
+__all__ = ["ATTENTION_BACKENDS", "AttentionEncoding", "attention"]
 
 ATTENTION_BACKENDS = ("sdpa", "flex")
 try:
@@ -32,6 +33,28 @@ try:
 except (TypeError, ValueError):  # a builtin without a signature
     _SDPA_HAS_GQA = False
 _compiled_flex = None
+
+
+@runtime_checkable
+class AttentionEncoding(Protocol):
+    """What :func:`attention` asks of an encoding; :class:`~posenc.RotaryEmbedding`,
+    :class:`~posenc.AlibiBias` and :class:`~posenc.RelativePositionBias` implement it.
+
+    Positions are integer tensors ``(S,)``/``(B, S)`` (queries) and ``(S_k,)``/``(B, S_k)`` (keys);
+    for the score modification they are ``(B, S)`` and ``(B, S_k)`` (padded to flex's blocks).
+    """
+
+    def attention_qk(self, q: torch.Tensor, k: torch.Tensor, *, positions: torch.Tensor,
+                     key_positions: torch.Tensor, seq_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, k)`` as attention should see them (rotated, or unchanged)."""
+
+    def attention_bias(self, positions: torch.Tensor, key_positions: torch.Tensor, *, num_heads: int,
+                       dtype: torch.dtype) -> torch.Tensor | None:
+        """A logit bias ``(H, S, S_k)`` / ``(B, H, S, S_k)``, or None."""
+
+    def attention_score_mod(self, positions: torch.Tensor, key_positions: torch.Tensor, *,
+                            num_heads: int) -> Callable | None:
+        """A ``flex_attention`` ``score_mod(score, b, h, q_idx, kv_idx)`` adding the same bias, or None."""
 
 
 def _flex():
@@ -60,6 +83,18 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} (grouped-query attention)")
 
 
+def _check_options(causal, dropout_p, scale, backend, head_dim: int) -> tuple[float, float]:
+    """Validated ``(dropout_p, scale)``."""
+    _validate.check_choice("backend", backend, ATTENTION_BACKENDS)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)
+    if dropout_p >= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else _validate.check_float("scale", scale, positive=True)
+    return dropout_p, scale
+
+
 def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int) -> torch.Tensor:
     check_positions(name, p)
     if p.dim() not in (1, 2) or p.shape[-1] != length or (p.dim() == 2 and p.shape[0] not in (1, batch)):
@@ -67,12 +102,57 @@ def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int) -> torch
     return p
 
 
+def _all_positions(q, k, positions, key_positions, segment_ids):
+    """``(positions, key_positions, segment_ids)`` with the documented defaults, checked."""
+    B, _, S, _ = q.shape
+    S_k = k.shape[2]
+    if segment_ids is not None:
+        if not isinstance(segment_ids, torch.Tensor) or segment_ids.dtype.is_floating_point:
+            raise TypeError("segment_ids must be an integer tensor (B, S)")
+        if segment_ids.shape != (B, S) or S != S_k:
+            raise ValueError(
+                f"segment_ids must have shape (B, S) = ({B}, {S}) and queries and keys the same length; "
+                f"got {tuple(segment_ids.shape)} with S_k={S_k}"
+            )
+        positions = positions_from_segment_ids(segment_ids) if positions is None else positions
+        key_positions = positions if key_positions is None else key_positions
+    if positions is None:
+        positions = torch.arange(S_k - S, S_k, device=q.device) if S <= S_k else torch.arange(S, device=q.device)
+    if key_positions is None:
+        key_positions = torch.arange(S_k, device=q.device)
+    return _positions_arg("positions", positions, B, S), _positions_arg("key_positions", key_positions, B, S_k), segment_ids
+
+
+def _precomputed_bias(bias: torch.Tensor, H: int, S: int, S_k: int) -> torch.Tensor:
+    if not bias.dtype.is_floating_point or bias.dim() not in (3, 4) or bias.shape[-2:] != (S, S_k) \
+            or bias.shape[-3] not in (1, H):
+        raise ValueError(
+            f"a precomputed bias must be a floating (H, S, S_k) or (B, H, S, S_k) tensor with H={H}, S={S}, "
+            f"S_k={S_k}; got {tuple(bias.shape)} {bias.dtype}"
+        )
+    return bias
+
+
+def _check_encoding(encoding: object) -> None:
+    if encoding is None or isinstance(encoding, (torch.Tensor, AttentionEncoding)):
+        return
+    if getattr(encoding, "adds_to_embeddings", False):
+        raise TypeError(
+            f"{type(encoding).__name__} is an additive encoding: add it to the token embeddings before the "
+            f"Q/K/V projections, and call attention with encoding=None"
+        )
+    raise TypeError(
+        f"encoding must be None, a RotaryEmbedding, an AlibiBias, a RelativePositionBias, another "
+        f"posenc.attn.AttentionEncoding or a bias tensor; got {type(encoding).__name__}"
+    )
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    encoding: RotaryEmbedding | AlibiBias | RelativePositionBias | torch.Tensor | None = None,
+    encoding: AttentionEncoding | torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     key_positions: torch.Tensor | None = None,
     causal: bool = False,
@@ -90,9 +170,10 @@ def attention(
         k, v: keys and values ``(B, H_kv, S_k, D)``; ``H`` must be a multiple of ``H_kv`` (GQA).
         encoding: ``None``; a :class:`~posenc.RotaryEmbedding` (rotates q at ``positions`` and k
             at ``key_positions``: pass *unrotated* keys); an :class:`~posenc.AlibiBias` or
-            :class:`~posenc.RelativePositionBias` (the bias is built here from the positions); or a
-            precomputed bias tensor ``(H, S, S_k)`` / ``(B, H, S, S_k)`` from one of them, so a
-            model builds it once per forward and shares it across layers.  Additive encodings
+            :class:`~posenc.RelativePositionBias` (the bias is built here from the positions); any
+            object implementing :class:`AttentionEncoding`; or a precomputed bias tensor
+            ``(H, S, S_k)`` / ``(B, H, S, S_k)`` from one of them, so a model builds it once per
+            forward and shares it across layers.  Additive encodings
             (:class:`~posenc.SinusoidalEncoding`, :class:`~posenc.LearnedPositionalEmbedding`)
             belong on the embeddings and raise ``TypeError`` here.
         positions: query positions ``(S,)`` or ``(B, S)``.  Default: restart at 0 in every segment
@@ -123,90 +204,40 @@ def attention(
         torch.Size([1, 2, 5, 8])
     """
     _check_qkv(q, k, v)
-    _validate.check_choice("backend", backend, ATTENTION_BACKENDS)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)
-    if dropout_p >= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    B, H, S, D = q.shape
-    S_k = k.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_float("scale", scale, positive=True)
-
-    seg_q = seg_k = None
-    if segment_ids is not None:
-        if not isinstance(segment_ids, torch.Tensor) or segment_ids.dtype.is_floating_point:
-            raise TypeError("segment_ids must be an integer tensor (B, S)")
-        if segment_ids.shape != (B, S) or S != S_k:
-            raise ValueError(
-                f"segment_ids must have shape (B, S) = ({B}, {S}) and queries and keys the same length; "
-                f"got {tuple(segment_ids.shape)} with S_k={S_k}"
-            )
-        seg_q = seg_k = segment_ids
-        packed = positions_from_segment_ids(segment_ids)
-        positions = packed if positions is None else positions
-        key_positions = positions if key_positions is None else key_positions
-    if positions is None:
-        positions = torch.arange(S_k - S, S_k, device=q.device) if S <= S_k else torch.arange(S, device=q.device)
-    if key_positions is None:
-        key_positions = torch.arange(S_k, device=q.device)
-    positions = _positions_arg("positions", positions, B, S)
-    key_positions = _positions_arg("key_positions", key_positions, B, S_k)
-
+    dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
+    _check_encoding(encoding)
+    positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
+    B, H, S, _ = q.shape
     bias = None
-    alibi_slopes = t5_module = None
-    if isinstance(encoding, (SinusoidalEncoding, LearnedPositionalEmbedding)):
-        raise TypeError(
-            f"{type(encoding).__name__} is an additive encoding: add it to the token embeddings before the "
-            f"Q/K/V projections, and call attention with encoding=None"
-        )
-    if isinstance(encoding, RotaryEmbedding):
-        length = seq_len if seq_len is not None else int(key_positions.max()) + 1 if key_positions.numel() else None
-        q = encoding.rotate(q, positions=positions, seq_len=length)
-        k = encoding.rotate(k, positions=key_positions, key=True, seq_len=length)
-    elif isinstance(encoding, (AlibiBias, RelativePositionBias)):
-        if encoding.num_heads != H:
-            raise ValueError(f"{type(encoding).__name__} has {encoding.num_heads} heads but q has {H}")
-        if backend == "flex":
-            alibi_slopes = encoding if isinstance(encoding, AlibiBias) else None
-            t5_module = encoding if isinstance(encoding, RelativePositionBias) else None
-        else:
-            bias = encoding(positions, key_positions)                        # (H, S, S_k) or (B, H, S, S_k)
-    elif isinstance(encoding, torch.Tensor):
-        if not encoding.dtype.is_floating_point or encoding.dim() not in (3, 4) or encoding.shape[-2:] != (S, S_k) \
-                or encoding.shape[-3] not in (1, H):
-            raise ValueError(
-                f"a precomputed bias must be a floating (H, S, S_k) or (B, H, S, S_k) tensor with H={H}, S={S}, "
-                f"S_k={S_k}; got {tuple(encoding.shape)} {encoding.dtype}"
-            )
-        bias = encoding
+    if isinstance(encoding, torch.Tensor):
+        bias = _precomputed_bias(encoding, H, S, k.shape[2])
     elif encoding is not None:
-        raise TypeError(
-            f"encoding must be None, a RotaryEmbedding, an AlibiBias, a RelativePositionBias or a bias tensor; "
-            f"got {type(encoding).__name__}"
-        )
-
+        q, k = encoding.attention_qk(q, k, positions=positions, key_positions=key_positions, seq_len=seq_len)
     if backend == "flex":
         if attn_mask is not None or dropout_p:
             raise ValueError("backend='flex' takes no attn_mask or dropout_p; use causal/segment_ids, or backend='sdpa'")
         if bias is not None:
             raise ValueError("backend='flex' builds biases itself: pass the AlibiBias/RelativePositionBias module")
-        if t5_module is not None and torch.is_grad_enabled() and t5_module.weight.requires_grad:
-            # torch 2.13's inductor fails to compile flex_attention when a score_mod reads a tensor
-            # that requires grad on CPU; detaching would silently stop training the bias.
-            raise ValueError(
-                "backend='flex' cannot backpropagate into RelativePositionBias weights (flex_attention does not "
-                "compile a score_mod over trainable tensors here); train with backend='sdpa', or run flex under "
-                "torch.no_grad() / with the weights frozen"
-            )
-        return _flex_attention(q, k, v, positions, key_positions, seg_q, seg_k, causal, scale, alibi_slopes, t5_module)
+        return _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding)
+    if encoding is not None and bias is None:
+        bias = encoding.attention_bias(positions, key_positions, num_heads=H, dtype=q.dtype)
+    mask = _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask)
+    if H != k.shape[1]:
+        if _SDPA_HAS_GQA:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                                                  enable_gqa=True)
+        rep = H // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
-    # ---- SDPA reference path: one boolean "allowed" mask, then one additive float mask if needed
+
+def _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask):
+    """One boolean "allowed" mask, then one additive float mask if a bias or a float mask is given."""
     allowed = None
     if causal:
         allowed = key_positions.unsqueeze(-2) <= positions.unsqueeze(-1)        # (S, S_k) or (B, S, S_k)
-    if seg_q is not None:
-        same = seg_q.unsqueeze(-1) == seg_k.unsqueeze(-2)                       # (B, S, S_k)
+    if segment_ids is not None:
+        same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)           # (B, S, S_k)
         allowed = same if allowed is None else allowed & same
     if allowed is not None:
         allowed = allowed.unsqueeze(-3)                                         # (..., 1, S, S_k)
@@ -218,7 +249,6 @@ def attention(
             allowed = attn_mask if allowed is None else allowed & attn_mask
         else:
             user_float = attn_mask
-    mask = None
     if bias is None and user_float is None:
         mask = allowed
     else:
@@ -230,13 +260,7 @@ def attention(
             mask = mask.masked_fill(~allowed, float("-inf"))
     if mask is not None and mask.dim() == 3:
         mask = mask.unsqueeze(0)                                                # (1, H|1, S, S_k)
-    if H != k.shape[1]:
-        if _SDPA_HAS_GQA:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
-                                                  enable_gqa=True)
-        rep = H // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return mask
 
 
 _FLEX_BLOCK = 128
@@ -250,7 +274,7 @@ def _pad_to_block(t: torch.Tensor, dim: int, value=0) -> torch.Tensor:
     return F.pad(t, pad, value=value)
 
 
-def _flex_attention(q, k, v, positions, key_positions, seg_q, seg_k, causal, scale, alibi, t5):
+def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding):
     """flex_attention path: biases as score_mod, masks as a block mask; nothing of size (S, S_k).
 
     Lengths are padded to multiples of flex's 128-wide blocks: torch 2.13's CPU kernel gave wrong
@@ -261,39 +285,22 @@ def _flex_attention(q, k, v, positions, key_positions, seg_q, seg_k, causal, sca
 
     B, H, S, _ = q.shape
     S_k = k.shape[2]
-    qpos = _pad_to_block(positions.expand(B, S).contiguous(), -1)
-    kpos = _pad_to_block(key_positions.expand(B, S_k).contiguous(), -1)
+    qpos = _pad_to_block(positions.expand(B, S).contiguous(), -1)                # (B, Sp)
+    kpos = _pad_to_block(key_positions.expand(B, S_k).contiguous(), -1)          # (B, Skp)
     q, k, v = _pad_to_block(q, 2), _pad_to_block(k, 2), _pad_to_block(v, 2)
-    if seg_q is not None:
-        seg_q, seg_k = _pad_to_block(seg_q, -1), _pad_to_block(seg_k, -1)
+    seg = None if segment_ids is None else _pad_to_block(segment_ids, -1)
     Sp, Skp = q.shape[2], k.shape[2]
-    score_mod = None
-    if alibi is not None:
-        slopes = alibi.slopes.to(torch.float32)
-        if alibi.symmetric:
-            def score_mod(score, b, h, qi, ki):
-                return score - slopes[h] * (qpos[b, qi] - kpos[b, ki]).abs()
-        else:
-            def score_mod(score, b, h, qi, ki):
-                return score - slopes[h] * (qpos[b, qi] - kpos[b, ki])
-    elif t5 is not None:
-        lo = int(kpos.min()) - int(qpos.max())                                   # smallest key - query
-        hi = int(kpos.max()) - int(qpos.min())
-        rel = torch.arange(lo, hi + 1, device=q.device)
-        lut = t5(torch.zeros(1, dtype=torch.long, device=q.device), rel)[:, 0]  # (H, R): bias per distance
-        width = lut.shape[-1]
-        flat = lut.reshape(-1)                                                  # (H * R,)
-        def score_mod(score, b, h, qi, ki):
-            return score + flat[h * width + (kpos[b, ki] - qpos[b, qi] - lo)]
+    score_mod = None if encoding is None else encoding.attention_score_mod(qpos, kpos, num_heads=H)
+
     def mask_mod(b, h, qi, ki):
         ok = ki < S_k
         if causal:
             ok = ok & (kpos[b, ki] <= qpos[b, qi])
-        if seg_q is not None:
-            ok = ok & (seg_q[b, qi] == seg_k[b, ki])
+        if seg is not None:
+            ok = ok & (seg[b, qi] == seg[b, ki])
         return ok | ((qi >= S) & (ki == 0))                                      # padded queries: key 0
     block_mask = None
-    if causal or seg_q is not None or Skp != S_k or Sp != S:
+    if causal or seg is not None or Skp != S_k or Sp != S:
         block_mask = create_block_mask(mask_mod, B, None, Sp, Skp, device=q.device)
     kwargs = {"enable_gqa": True} if H != k.shape[1] else {}
     out = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, **kwargs)

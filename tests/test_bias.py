@@ -125,7 +125,7 @@ def test_positions_from_segment_ids():
         (lambda: posenc.RelativePositionBias(2, num_buckets=32, max_distance=4), ValueError, "max_distance must exceed"),
         (lambda: posenc.RelativePositionBias(2, bidirectional=1), TypeError, "bidirectional must be a bool"),
         (lambda: alibi_slopes(-2), ValueError, "num_heads must be >= 1"),
-        (lambda: alibi_bias(torch.arange(3.0), torch.arange(3), alibi_slopes(2)), TypeError, "q_positions must hold integers"),
+        (lambda: alibi_bias(torch.arange(3.0), torch.arange(3), alibi_slopes(2)), TypeError, "positions must hold integers"),
         (lambda: alibi_bias(torch.zeros(2, 3, 1).long(), torch.arange(3), alibi_slopes(2)), ValueError, "must have shape"),
         (lambda: alibi_bias(torch.zeros(2, 3).long(), torch.zeros(3, 3).long(), alibi_slopes(2)), ValueError, "different batch sizes"),
         (lambda: relative_position_bucket(torch.tensor([0.5])), TypeError, "relative_position must hold integers"),

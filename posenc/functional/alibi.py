@@ -8,7 +8,7 @@ from posenc._torch.checks import check_float_dtype
 from posenc.core import alibi as core_alibi
 from posenc.functional.relative import relative_distances
 
-__all__ = ["alibi_bias", "alibi_slopes"]
+__all__ = ["alibi_bias", "alibi_logits", "alibi_slopes"]
 
 
 def alibi_slopes(
@@ -25,8 +25,8 @@ def alibi_slopes(
 
 
 def alibi_bias(
-    q_positions: torch.Tensor,
-    k_positions: torch.Tensor,
+    positions: torch.Tensor,
+    key_positions: torch.Tensor,
     slopes: torch.Tensor,
     *,
     symmetric: bool = False,
@@ -40,8 +40,8 @@ def alibi_bias(
     exact.
 
     Args:
-        q_positions: integer positions of the queries, ``(S,)`` or ``(B, S)``.
-        k_positions: integer positions of the keys, ``(S_k,)`` or ``(B, S_k)``.
+        positions: integer positions of the queries, ``(S,)`` or ``(B, S)``.
+        key_positions: integer positions of the keys, ``(S_k,)`` or ``(B, S_k)``.
         slopes: ``(H,)``, e.g. :func:`alibi_slopes`.
         symmetric: use ``|q_i - k_j|``.
         dtype: output dtype.
@@ -60,8 +60,18 @@ def alibi_bias(
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.dtype.is_floating_point:
         raise TypeError(f"slopes must be a 1-D floating tensor (H,), got {slopes!r:.60}")
     check_float_dtype("dtype", dtype)
-    dist = relative_distances(q_positions, k_positions)                 # (S, S_k) or (B, S, S_k), q - k
-    neg = -dist.abs() if symmetric else -dist                           # negated as integers: no -0.0
+    dist = relative_distances(positions, key_positions)                 # (S, S_k) or (B, S, S_k), q - k
     m = slopes.to(torch.float32 if dtype != torch.float64 else torch.float64)
-    bias = neg.to(m.dtype).unsqueeze(-3) * m.view(-1, 1, 1)             # (..., H, S, S_k)
+    bias = alibi_logits(dist.unsqueeze(-3), m.view(-1, 1, 1), symmetric=symmetric)   # (..., H, S, S_k)
     return bias.to(dtype)
+
+
+def alibi_logits(distance: torch.Tensor, slope: torch.Tensor, *, symmetric: bool) -> torch.Tensor:
+    """``-slope * distance`` (``|distance|`` when symmetric) for integer ``distance = q - k``.
+
+    The one place the formula lives: :func:`alibi_bias` applies it to whole distance matrices and
+    :class:`posenc.AlibiBias` to single scores inside ``flex_attention``.  The distance is negated
+    as an integer, so a zero distance gives ``+0.0``.
+    """
+    neg = -distance.abs() if symmetric else -distance
+    return neg.to(slope.dtype) * slope

@@ -10,19 +10,19 @@ from posenc.core import relative as core_relative
 __all__ = ["relative_distances", "relative_position_bucket"]
 
 
-def relative_distances(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+def relative_distances(positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
     """``q_i - k_j`` as int64: ``(S, S_k)`` for 1-D positions, ``(B, S, S_k)`` if either is ``(B, ...)``."""
-    for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
+    for name, p in (("positions", positions), ("key_positions", key_positions)):
         check_positions(name, p)
         if p.dim() not in (1, 2):
             raise ValueError(f"{name} must have shape (S,) or (B, S), got {tuple(p.shape)}")
-    if q_positions.dim() == 2 and k_positions.dim() == 2 and q_positions.shape[0] != k_positions.shape[0]:
+    if positions.dim() == 2 and key_positions.dim() == 2 and positions.shape[0] != key_positions.shape[0]:
         raise ValueError(
-            f"q_positions {tuple(q_positions.shape)} and k_positions {tuple(k_positions.shape)} have different batch sizes"
+            f"positions {tuple(positions.shape)} and key_positions {tuple(key_positions.shape)} have different batch sizes"
         )
-    if q_positions.device != k_positions.device:
-        raise ValueError(f"q_positions is on {q_positions.device} but k_positions on {k_positions.device}")
-    return q_positions.long().unsqueeze(-1) - k_positions.long().unsqueeze(-2)
+    if positions.device != key_positions.device:
+        raise ValueError(f"positions is on {positions.device} but key_positions on {key_positions.device}")
+    return positions.long().unsqueeze(-1) - key_positions.long().unsqueeze(-2)
 
 
 def relative_position_bucket(

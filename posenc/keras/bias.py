@@ -11,10 +11,10 @@ from posenc.core import alibi as core_alibi
 from posenc.core import relative as core_relative
 
 
-def _distances(q_positions, k_positions):
+def _distances(positions, key_positions):
     """``q - k`` as int32, ``(S, S_k)`` or ``(B, S, S_k)``."""
-    q = ops.cast(q_positions, "int32")
-    k = ops.cast(k_positions, "int32")
+    q = ops.cast(positions, "int32")
+    k = ops.cast(key_positions, "int32")
     return ops.expand_dims(q, -1) - ops.expand_dims(k, -2)
 
 
@@ -33,9 +33,9 @@ class AlibiBias(keras.layers.Layer):
         self.symmetric = symmetric
         self.slopes = np.array(core_alibi.alibi_slopes(self.num_heads), dtype=np.float32)
 
-    def call(self, q_positions, k_positions=None):
-        k_positions = q_positions if k_positions is None else k_positions
-        dist = _distances(q_positions, k_positions)
+    def call(self, positions, key_positions=None):
+        key_positions = positions if key_positions is None else key_positions
+        dist = _distances(positions, key_positions)
         neg = -ops.abs(dist) if self.symmetric else -dist
         bias = ops.expand_dims(ops.cast(neg, "float32"), -3) * ops.reshape(ops.convert_to_tensor(self.slopes), (-1, 1, 1))
         return ops.cast(bias, self.compute_dtype)
@@ -62,8 +62,8 @@ class RelativePositionBias(keras.layers.Layer):
         self.weight = self.add_weight(shape=(self.num_buckets, self.num_heads),
                                       initializer=keras.initializers.RandomNormal(stddev=1.0), name="weight")
 
-    def buckets(self, q_positions, k_positions):
-        rel = -_distances(q_positions, k_positions)                              # key - query
+    def buckets(self, positions, key_positions):
+        rel = -_distances(positions, key_positions)                              # key - query
         if self.bidirectional:
             offset = ops.cast(rel > 0, "int32") * self.per_side
             n = ops.abs(rel)
@@ -75,9 +75,9 @@ class RelativePositionBias(keras.layers.Layer):
         far = ops.minimum(far, self.per_side - 1)
         return offset + ops.where(n < self.max_exact, n, far)
 
-    def call(self, q_positions, k_positions=None):
-        k_positions = q_positions if k_positions is None else k_positions
-        values = ops.take(self.weight, self.buckets(q_positions, k_positions), axis=0)   # (..., S, S_k, H)
+    def call(self, positions, key_positions=None):
+        key_positions = positions if key_positions is None else key_positions
+        values = ops.take(self.weight, self.buckets(positions, key_positions), axis=0)   # (..., S, S_k, H)
         return ops.cast(ops.moveaxis(values, -1, -3), self.compute_dtype)
 
     def get_config(self) -> dict:

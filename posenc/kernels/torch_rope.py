@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from posenc._torch.alloc import empty_like
 from posenc._torch.angles import working_dtype
 from posenc._torch.rows import broadcast_rows, table_rows
 
@@ -192,7 +193,7 @@ def _rotate_large(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int,
         xr = x if d == x.shape[-1] else x[..., :d]
         _rotate_blocked(xr, xr, cos, sin, h, layout, True)
         return x
-    out = torch.empty_like(x)
+    out = empty_like(x)                                                    # huge pages for large CPU outputs
     if d < x.shape[-1]:
         out[..., d:] = x[..., d:]                                          # pass-through features
     _rotate_blocked(x[..., :d], out[..., :d], cos, sin, h, layout, False)

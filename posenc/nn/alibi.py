@@ -15,7 +15,7 @@ __all__ = ["AlibiBias"]
 class AlibiBias(TableModule):
     """ALiBi (Press et al. 2022, "Train Short, Test Long"): a per-head linear bias on attention logits.
 
-    ``forward(q_positions, k_positions)`` returns ``-m_h * (q_i - k_j)`` (``|q_i - k_j|`` with
+    ``forward(positions, key_positions)`` returns ``-m_h * (q_i - k_j)`` (``|q_i - k_j|`` with
     ``symmetric=True``), shape ``(H, S, S_k)`` for 1-D positions or ``(B, H, S, S_k)`` for per-row
     positions; build it once per forward and share it across layers (or pass the module to
     :func:`posenc.attention`).  The slopes follow the paper's rule for any head count and live in a
@@ -51,11 +51,37 @@ class AlibiBias(TableModule):
                 self.slopes.copy_(torch.tensor(core_alibi.alibi_slopes(self.num_heads), dtype=torch.float64))
 
     def forward(
-        self, q_positions: torch.Tensor, k_positions: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32
+        self, positions: torch.Tensor, key_positions: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
-        """Bias for queries at ``q_positions`` and keys at ``k_positions`` (default: the same)."""
-        k_positions = q_positions if k_positions is None else k_positions
-        return functional_alibi.alibi_bias(q_positions, k_positions, self.slopes, symmetric=self.symmetric, dtype=dtype)
+        """Bias for queries at ``positions`` and keys at ``key_positions`` (default: the same)."""
+        key_positions = positions if key_positions is None else key_positions
+        return functional_alibi.alibi_bias(positions, key_positions, self.slopes, symmetric=self.symmetric, dtype=dtype)
+
+    # ---- what posenc.attention asks of an encoding ------------------------------------------------
+
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len):
+        """Biases leave queries and keys as they are."""
+        return q, k
+
+    def attention_bias(self, positions, key_positions, *, num_heads, dtype):
+        """The ``(H, S, S_k)`` / ``(B, H, S, S_k)`` bias added to the logits."""
+        self._check_heads(num_heads)
+        return self(positions, key_positions, dtype=dtype)
+
+    def attention_score_mod(self, positions, key_positions, *, num_heads):
+        """``flex_attention`` score modification over ``(B, S)`` / ``(B, S_k)`` positions."""
+        self._check_heads(num_heads)
+        slopes = self.slopes.to(torch.float32)
+        symmetric = self.symmetric
+
+        def score_mod(score, b, h, qi, ki):
+            return score + functional_alibi.alibi_logits(positions[b, qi] - key_positions[b, ki], slopes[h],
+                                                         symmetric=symmetric)
+        return score_mod
+
+    def _check_heads(self, num_heads: int) -> None:
+        if num_heads != self.num_heads:
+            raise ValueError(f"AlibiBias has {self.num_heads} heads but q has {num_heads}")
 
     def extra_repr(self) -> str:
         return f"{self.num_heads}, symmetric={self.symmetric}"

@@ -39,6 +39,9 @@ class LearnedPositionalEmbedding(nn.Module):
                  [0.8415, 0.5403, 0.0100, 0.9999]]])
     """
 
+    #: Added to the token embeddings, not applied inside attention (see :func:`posenc.attention`).
+    adds_to_embeddings = True
+
     def __init__(
         self,
         num_positions: int,

@@ -15,7 +15,7 @@ __all__ = ["RelativePositionBias"]
 class RelativePositionBias(nn.Module):
     """T5 relative position bias (Raffel et al. 2020): a learned scalar per head and distance bucket.
 
-    ``forward(q_positions, k_positions)`` buckets ``k_j - q_i`` (exact thresholds, see
+    ``forward(positions, key_positions)`` buckets ``k_j - q_i`` (exact thresholds, see
     :mod:`posenc.core.relative`) and looks up ``weight[bucket, h]``, returning ``(H, S, S_k)`` for
     1-D positions or ``(B, H, S, S_k)`` for per-row positions.  T5 computes it once, in the first
     layer, and shares it across layers: build it once per forward (or pass the module to
@@ -57,18 +57,56 @@ class RelativePositionBias(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight)
 
-    def buckets(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    def buckets(self, positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Bucket of every (query, key) pair: ``(S, S_k)`` or ``(B, S, S_k)``."""
-        rel = -functional_relative.relative_distances(q_positions, k_positions)            # key - query
+        rel = -functional_relative.relative_distances(positions, key_positions)            # key - query
         return functional_relative.relative_position_bucket(
             rel, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
         )
 
-    def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Bias for queries at ``q_positions`` and keys at ``k_positions`` (default: the same)."""
-        k_positions = q_positions if k_positions is None else k_positions
-        values = nn.functional.embedding(self.buckets(q_positions, k_positions), self.weight)  # (..., S, S_k, H)
+    def forward(self, positions: torch.Tensor, key_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Bias for queries at ``positions`` and keys at ``key_positions`` (default: the same)."""
+        key_positions = positions if key_positions is None else key_positions
+        values = nn.functional.embedding(self.buckets(positions, key_positions), self.weight)  # (..., S, S_k, H)
         return values.movedim(-1, -3)                                       # (..., H, S, S_k)
+
+    # ---- what posenc.attention asks of an encoding ------------------------------------------------
+
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len):
+        """Biases leave queries and keys as they are."""
+        return q, k
+
+    def attention_bias(self, positions, key_positions, *, num_heads, dtype):
+        """The ``(H, S, S_k)`` / ``(B, H, S, S_k)`` bias added to the logits."""
+        self._check_heads(num_heads)
+        return self(positions, key_positions).to(dtype)
+
+    def attention_score_mod(self, positions, key_positions, *, num_heads):
+        """``flex_attention`` score modification over ``(B, S)`` / ``(B, S_k)`` positions: the bias of
+        every distance in range, computed once by :meth:`forward` and read per score."""
+        self._check_heads(num_heads)
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            # torch's inductor fails to compile flex_attention when a score_mod reads a tensor that
+            # requires grad on CPU; detaching would silently stop training the bias.
+            raise ValueError(
+                "backend='flex' cannot backpropagate into RelativePositionBias weights (flex_attention does not "
+                "compile a score_mod over trainable tensors here); train with backend='sdpa', or run flex under "
+                "torch.no_grad() / with the weights frozen"
+            )
+        lo = int(key_positions.min()) - int(positions.max())                     # smallest key - query
+        hi = int(key_positions.max()) - int(positions.min())
+        rel = torch.arange(lo, hi + 1, device=positions.device)
+        table = self(torch.zeros(1, dtype=torch.long, device=positions.device), rel)[:, 0]   # (H, R) per distance
+        width = table.shape[-1]
+        flat = table.reshape(-1)                                                  # (H * R,)
+
+        def score_mod(score, b, h, qi, ki):
+            return score + flat[h * width + (key_positions[b, ki] - positions[b, qi] - lo)]
+        return score_mod
+
+    def _check_heads(self, num_heads: int) -> None:
+        if num_heads != self.num_heads:
+            raise ValueError(f"RelativePositionBias has {self.num_heads} heads but q has {num_heads}")
 
     def extra_repr(self) -> str:
         return (f"{self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "

@@ -302,6 +302,27 @@ class RotaryEmbedding(TableModule):
                 why = "positions of unknown range while tracing are computed by the torch engine"
         return rope_engine(resolve_rope_backend(self.backend, q, why))
 
+    # ---- what posenc.attention asks of an encoding ------------------------------------------------
+
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len):
+        """Rotate queries at ``positions`` and (unrotated) keys at ``key_positions``.
+
+        Length-dependent rules use ``seq_len``, by default the largest key position + 1.
+        """
+        if seq_len is None and self._length_dependent:
+            rng = self._range(key_positions, False)                                  # one read, when needed
+            seq_len = None if rng is None else rng[1] + 1
+        return (self.rotate(q, positions=positions, seq_len=seq_len),
+                self.rotate(k, positions=key_positions, key=True, seq_len=seq_len))
+
+    def attention_bias(self, positions, key_positions, *, num_heads, dtype):
+        """Rotary embeddings add no bias."""
+        return None
+
+    def attention_score_mod(self, positions, key_positions, *, num_heads):
+        """Rotary embeddings modify no score."""
+        return None
+
     # ---- helpers -------------------------------------------------------------------------------
 
     @staticmethod

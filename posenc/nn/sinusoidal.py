@@ -58,6 +58,9 @@ class SinusoidalEncoding(TableModule):
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.5.
     """
 
+    #: Added to the token embeddings, not applied inside attention (see :func:`posenc.attention`).
+    adds_to_embeddings = True
+
     _table_buffers = ("table_main", "table_bfloat16", "table_float16", "turns")
     # persistent table buffers of common implementations (seed 001, the PyTorch tutorial, fairseq)
     _ignored_state_keys = ("pe", "positional_encodings", "positional_encoding", "_float_tensor")
