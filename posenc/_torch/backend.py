@@ -48,10 +48,15 @@ def kernel_limits(x: torch.Tensor, seq_dim: int | None) -> str | None:
     return None
 
 
+def auto_device(x: torch.Tensor) -> bool:
+    """Whether ``"auto"`` considers the kernel for ``x``: CUDA tensors."""
+    return x.is_cuda
+
+
 def kernel_possible(backend: str, x: torch.Tensor) -> bool:
     """Whether :func:`resolve_rope_backend` may pick the kernel for ``x`` (so that callers compute
     the kernel's limits only then): never for ``"torch"``, for ``"auto"`` only on CUDA."""
-    return backend == "triton" or (backend == "auto" and x.is_cuda)
+    return backend == "triton" or (backend == "auto" and auto_device(x))
 
 
 def resolve_rope_backend(backend: str, x: torch.Tensor, why_not: str | None) -> str:
@@ -70,4 +75,4 @@ def resolve_rope_backend(backend: str, x: torch.Tensor, why_not: str | None) -> 
         if why_not is not None:
             raise ValueError(f"backend='triton' does not support this case: {why_not}; use backend='torch' or 'auto'")
         return "triton"
-    return "triton" if x.is_cuda and why_not is None and triton_available(x.device) else "torch"
+    return "triton" if auto_device(x) and why_not is None and triton_available(x.device) else "torch"

@@ -48,7 +48,13 @@ def table_rows(table: torch.Tensor, positions: torch.Tensor | None, offset: int,
         return table.narrow(0, offset, length)
     if positions.dtype not in (torch.int64, torch.int32):
         positions = positions.long()
-    return torch.embedding(table, positions)
+    try:
+        return torch.embedding(table, positions)
+    except IndexError:                                                   # a broken assume_in_table promise
+        raise ValueError(
+            f"positions must lie in [0, {table.shape[0]}) for this cos/sin table (they were promised to with "
+            f"assume_in_table=True); drop the promise to have them checked or computed"
+        ) from None
 
 
 def broadcast_rows(rows: torch.Tensor, ndim: int, seq_dim: int) -> torch.Tensor:

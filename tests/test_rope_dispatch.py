@@ -1,0 +1,260 @@
+"""Production paths of RoPE: one validation and one backend decision per call, no device reads when
+decoding with an offset, positions never read outside a table (eager, promised, compiled, Triton),
+and the small-tensor (decode-step) path against the reference."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton decorates the kernel (as in test_triton_rope)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import posenc  # noqa: E402
+from posenc import kernels  # noqa: E402
+from posenc._torch import alloc, backend  # noqa: E402
+from posenc.functional import rope as R  # noqa: E402
+from posenc.kernels import torch_rope as E  # noqa: E402
+from posenc.nn import rotary as rotary_module  # noqa: E402
+
+HAS_TRITON_INTERPRETER = backend._HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def tables(rows, dim):
+    inv, _ = R.rope_inv_freq(dim)
+    return R.rope_cos_sin(torch.arange(rows), inv)
+
+
+def public_calls(backend_name):
+    """Every public entry point that rotates, with ``backend_name``, on a decode-step-like input."""
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)
+    cos, sin = tables(32, 16)
+    rope = posenc.RotaryEmbedding(16, max_seq_len=32, backend=backend_name)
+    return {
+        "apply_rope": lambda: R.apply_rope(q, cos[:3], sin[:3], backend=backend_name),
+        "apply_rope_qk": lambda: R.apply_rope_qk(q, k, cos, sin, offset=2, backend=backend_name),
+        "apply_rope_qk positions": lambda: R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([4, 5, 6]),
+                                                           backend=backend_name),
+        "RotaryEmbedding": lambda: rope(q, k, offset=5),
+        "RotaryEmbedding positions": lambda: rope(q, k, positions=torch.tensor([[1, 2, 3]])),
+        "RotaryEmbedding.rotate": lambda: rope.rotate(k, offset=7, key=True),
+        "attention": lambda: posenc.attention(q, k.repeat_interleave(2, 1), k.repeat_interleave(2, 1), encoding=rope,
+                                              causal=True),
+    }
+
+
+@pytest.fixture
+def kernel_spy(monkeypatch):
+    """Pretend every tensor is one the kernel takes under "auto", and record which engines run."""
+    calls = []
+    torch_engine = kernels.rope_engine("torch")
+
+    def fake_triton(*args, **kw):
+        calls.append("triton")
+        return torch_engine(*args, **kw)
+
+    monkeypatch.setattr(backend, "auto_device", lambda x: True)
+    monkeypatch.setattr(backend, "triton_available", lambda device: True)
+    monkeypatch.setitem(kernels._loaded, "triton", fake_triton)
+    return calls
+
+
+@pytest.mark.parametrize("name", list(public_calls("torch")))
+def test_backend_torch_never_reaches_the_kernel(kernel_spy, name):
+    public_calls("torch")[name]()
+    assert kernel_spy == []
+
+
+@pytest.mark.parametrize("name", ["apply_rope", "apply_rope_qk", "apply_rope_qk positions", "RotaryEmbedding",
+                                  "RotaryEmbedding positions", "RotaryEmbedding.rotate"])
+def test_backend_auto_takes_the_kernel_where_it_applies(kernel_spy, name):
+    public_calls("auto")[name]()
+    assert kernel_spy and set(kernel_spy) == {"triton"}
+
+
+@pytest.mark.parametrize("name", ["apply_rope_qk", "apply_rope_qk positions", "RotaryEmbedding",
+                                  "RotaryEmbedding positions", "RotaryEmbedding.rotate"])
+def test_one_validation_and_one_decision_per_call(monkeypatch, name):
+    counts = {"check_qk": 0, "resolve": 0}
+
+    def counting(key, fn):
+        def wrapper(*a, **kw):
+            counts[key] += 1
+            return fn(*a, **kw)
+        return wrapper
+
+    for module in (R, rotary_module):
+        monkeypatch.setattr(module, "check_qk", counting("check_qk", module.check_qk))
+    monkeypatch.setattr(R, "resolve_rope_backend", counting("resolve", R.resolve_rope_backend))
+    monkeypatch.setattr(rotary_module, "rope_engine", counting("resolve", rotary_module.rope_engine))
+    public_calls("auto")[name]()
+    assert counts == {"check_qk": 1, "resolve": 1}
+
+
+@pytest.fixture
+def device_reads(monkeypatch):
+    """Count the ways a tensor's values come back to the host."""
+    count = [0]
+    for method in ("tolist", "item", "__int__", "__bool__", "__index__", "numpy"):
+        original = getattr(torch.Tensor, method)
+
+        def reading(self, *a, _original=original, **kw):
+            count[0] += 1
+            return _original(self, *a, **kw)
+        monkeypatch.setattr(torch.Tensor, method, reading)
+    return count
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("scaling", [None, posenc.YarnScaling(4.0, 8), posenc.DynamicNTKScaling(2.0, 8)])
+def test_decoding_with_an_offset_reads_nothing_from_the_device(device_reads, layout, scaling):
+    rope = posenc.RotaryEmbedding(16, max_seq_len=64, layout=layout, scaling=scaling)
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16)
+    cos, sin = tables(64, 16)
+    device_reads[0] = 0
+    rope(q, k, offset=30)
+    rope(q, k, offset=3, inplace=True)
+    R.apply_rope_qk(q, k, cos, sin, offset=30)
+    assert device_reads[0] == 0
+
+
+def test_positions_are_read_once_or_not_at_all_when_promised(device_reads):
+    rope = posenc.RotaryEmbedding(16, max_seq_len=64)
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 3, 16)
+    positions = torch.tensor([[5, 6, 7], [1, 2, 3]])
+    cos, sin = tables(64, 16)
+    for call, reads in [
+        (lambda: rope(q, k, positions=positions), 1),
+        (lambda: rope(q, k, positions=positions, assume_in_table=True), 0),
+        (lambda: R.apply_rope_qk(q, k, cos, sin, positions=positions), 1),
+        (lambda: R.apply_rope_qk(q, k, cos, sin, positions=positions, assume_in_table=True), 0),
+    ]:
+        device_reads[0] = 0
+        call()
+        assert device_reads[0] == reads
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_promised_positions_give_the_same_result_and_a_broken_promise_raises(layout):
+    rope = posenc.RotaryEmbedding(16, max_seq_len=16, layout=layout)
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 3, 16)
+    positions = torch.tensor([[5, 6, 7], [1, 2, 15]])
+    for a, b in zip(rope(q, k, positions=positions, assume_in_table=True), rope(q, k, positions=positions),
+                    strict=True):
+        assert torch.equal(a, b)
+    cos, sin = rope.cos_table, rope.sin_table
+    for bad in (torch.tensor([[5, 6, 16], [0, 1, 2]]), torch.tensor([[-1, 0, 1], [0, 1, 2]])):
+        with pytest.raises(ValueError, match=r"must lie in \[0, 16\)"):
+            rope(q, k, positions=bad, assume_in_table=True)
+        with pytest.raises(ValueError, match=r"must lie in \[0, 16\)"):
+            R.apply_rope_qk(q, k, cos, sin, positions=bad, assume_in_table=True)
+    # without the promise, the module computes positions past its table exactly
+    far = torch.tensor([[5, 6, 100], [-3, 1, 2]])
+    ref = posenc.RotaryEmbedding(16, max_seq_len=128, layout=layout)
+    torch.testing.assert_close(rope(q, k, positions=far.clamp(min=0))[0], ref(q, k, positions=far.clamp(min=0))[0],
+                               rtol=0, atol=2e-6)
+
+
+def test_compiled_lookups_refuse_positions_outside_the_table():
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    cos, sin = tables(8, 8)
+    f = torch.compile(lambda q, k, p: R.apply_rope_qk(q, k, cos, sin, positions=p), fullgraph=True, backend="eager")
+    torch.testing.assert_close(f(q, k, torch.tensor([1, 2, 3]))[0],
+                               R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([1, 2, 3]))[0])
+    with pytest.raises(RuntimeError, match=r"must lie in \[0, 8\)"):
+        f(q, k, torch.tensor([1, 2, 8]))
+
+
+def test_compiled_module_computes_positions_past_its_table_like_eager():
+    rope = posenc.RotaryEmbedding(8, max_seq_len=8)
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    positions = torch.tensor([2, 9, 1000])
+    f = torch.compile(lambda q, k, p: rope(q, k, positions=p), fullgraph=True, backend="eager")
+    for a, b in zip(f(q, k, positions), rope(q, k, positions=positions), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
+
+
+@pytest.mark.skipif(not HAS_TRITON_INTERPRETER, reason="needs Triton's interpreter (TRITON_INTERPRET=1)")
+def test_the_kernel_never_reads_outside_its_table():
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    cos, sin = tables(8, 8)
+    engine = kernels.rope_engine("triton")
+    qo, ko = engine(q, k, cos=cos, sin=sin, positions=torch.tensor([1, 8, -1]), offset=0, layout="half", seq_dim=2,
+                    inplace=False)
+    ref = R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([1, 1, 1]), backend="torch")
+    torch.testing.assert_close(qo[:, :, 0], ref[0][:, :, 0], rtol=0, atol=2e-6)
+    assert bool(qo[:, :, 1:].isnan().all()) and bool(ko[:, :, 1:].isnan().all())       # visible, not wrong
+    with pytest.raises(ValueError, match=r"must lie in \[0, 8\)"):                        # checked by default
+        R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([1, 8, 2]), backend="triton")
+
+
+@pytest.mark.skipif(not HAS_TRITON_INTERPRETER, reason="needs Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_the_kernel_reads_the_modules_packed_tables(layout):
+    rope_t = posenc.RotaryEmbedding(16, max_seq_len=32, layout=layout, backend="triton")
+    rope_r = posenc.RotaryEmbedding(16, max_seq_len=32, layout=layout, backend="torch")
+    q, k = torch.randn(2, 3, 5, 16), torch.randn(2, 1, 5, 16)
+    positions = torch.tensor([[0, 3, 9, 31, 2], [4, 4, 4, 4, 4]])
+    for kw in ({"offset": 20}, {"positions": positions}, {"positions": positions, "assume_in_table": True}):
+        for a, b in zip(rope_t(q, k, **kw), rope_r(q, k, **kw), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seq_dim", [2, 1])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("use_module", [False, True])
+def test_decode_step_path_equals_the_reference(layout, dtype, seq_dim, batch, use_module):
+    torch.manual_seed(0)
+    hq, hk, D = 8, 2, 32
+    q = torch.randn((batch, hq, 1, D) if seq_dim == 2 else (batch, 1, hq, D)).to(dtype)
+    k = torch.randn((batch, hk, 1, D) if seq_dim == 2 else (batch, 1, hk, D)).to(dtype)
+    rope = posenc.RotaryEmbedding(D, max_seq_len=64, layout=layout)
+    if use_module:
+        qo, ko = rope(q, k, offset=37, seq_dim=seq_dim)
+    else:
+        qo, ko = R.apply_rope_qk(q, k, rope.cos_table, rope.sin_table, offset=37, layout=layout, seq_dim=seq_dim)
+    c, s = rope.cos_table[37:38], rope.sin_table[37:38]                # (S, h) for (B, H, S, D)
+    if seq_dim == 1:
+        c, s = c[:, None], s[:, None]                                   # (S, 1, h) for (B, S, H, D)
+    for got, x in ((qo, q), (ko, k)):
+        ref = E.rotate_reference(x, c, s, layout=layout)
+        assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
+        tol = 2e-6 if dtype == torch.float32 else torch.finfo(dtype).eps * 4
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=tol)
+    q2, k2 = q.clone(), k.clone()
+    out = rope(q2, k2, offset=37, seq_dim=seq_dim, inplace=True)
+    assert out[0] is q2 and out[1] is k2 and torch.equal(q2, qo) and torch.equal(k2, ko)
+
+
+def test_outputs_never_alias_the_inputs_out_of_place():
+    rope = posenc.RotaryEmbedding(16, max_seq_len=8)
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 1, 16)
+    qo, ko = rope(q, k, offset=0)                                   # position 0: the identity rotation
+    assert torch.equal(qo, q) and qo.data_ptr() != q.data_ptr() and ko.data_ptr() != k.data_ptr()
+
+
+def test_large_outputs_are_ordinary_tensors():
+    x = torch.randn(1024, 4096)                                     # 16 MiB: advised for huge pages
+    out = alloc.empty_like(x)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.is_contiguous()
+    out.copy_(x)
+    assert torch.equal(out, x)
+    q = torch.randn(2, 8, 1024, 128)                                # the large out-of-place path
+    cos, sin = tables(1024, 128)
+    torch.testing.assert_close(R.apply_rope(q, cos, sin), E.rotate_reference(q, cos, sin, layout="half"),
+                               rtol=0, atol=2e-6)
+
+
+def test_input_checks_at_the_boundary():
+    x = torch.randn(2, 3, 8)
+    cos, sin = tables(3, 8)
+    with pytest.raises(ValueError, match="do not broadcast to x"):
+        R.apply_rope(x, cos.expand(2, 2, 3, 4), sin.expand(2, 2, 3, 4))        # would grow the output
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        R.rope_cos_sin(torch.arange(3), torch.ones(2, dtype=torch.float64), dtype=torch.int64)
+    with pytest.raises(TypeError, match="assume_in_table must be a bool"):
+        posenc.RotaryEmbedding(8)(torch.randn(1, 1, 3, 8), assume_in_table=1)
+    with pytest.raises(ValueError, match="pass seq_len"):
+        posenc.RotaryEmbedding(8, scaling=posenc.DynamicNTKScaling(2.0, 8))(
+            torch.randn(1, 1, 3, 8), positions=torch.arange(3), assume_in_table=True)
