@@ -162,3 +162,41 @@ def test_bad_input(call, err, match):
     q, k, v = make_qkv()
     with pytest.raises(err, match=match):
         call(q, k, v)
+
+
+class _DistancePenalty:
+    """An encoding posenc does not ship, written against the AttentionEncoding protocol alone."""
+
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len):
+        return q, k
+
+    def attention_bias(self, positions, key_positions, *, num_heads, dtype):
+        return -0.25 * (positions[:, None] - key_positions[None, :]).abs().to(dtype)[None]
+
+    def attention_score_mod(self, positions, key_positions, *, num_heads):
+        return lambda score, b, h, qi, ki: score - 0.25 * (positions[b, qi] - key_positions[b, ki]).abs()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_a_new_encoding_is_one_class_implementing_the_protocol(backend):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    assert isinstance(_DistancePenalty(), posenc.attn.AttentionEncoding)
+    got = posenc.attention(q, k, v, encoding=_DistancePenalty(), causal=True, backend=backend)
+    pos = torch.arange(6)
+    logits = q @ k.transpose(-1, -2) / 8 ** 0.5 - 0.25 * (pos[:, None] - pos[None, :]).abs()
+    logits = logits.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    torch.testing.assert_close(got, logits.softmax(-1) @ v, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_dispatches_by_protocol_not_by_type():
+    import ast
+    import pathlib
+
+    source = pathlib.Path(posenc.attn.__file__).read_text()
+    tree = ast.parse(source)
+    assert not any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("posenc.nn") for n in ast.walk(tree))
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        body = (fn.body[1:] if ast.get_docstring(fn) else fn.body) or fn.body
+        lines = body[-1].end_lineno - body[0].lineno + 1
+        assert lines <= 50, f"{fn.name} has {lines} lines"

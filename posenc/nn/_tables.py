@@ -12,8 +12,8 @@ class TableModule(nn.Module):
     """Keeps the precision of named buffers when the module is cast.
 
     ``module.to(torch.bfloat16)`` (or ``.half()``, ``.double()``) would otherwise round exact tables
-    to the new dtype, the bug behind the precision failures in FAILURE_MODES.md A.1.  Buffers listed
-    in ``_table_buffers`` follow device moves (``.to(device)``, ``.cuda()``, ``to_empty``) but keep
+    to the new dtype, where bfloat16 cannot even tell positions 256 and 257 apart.  Buffers listed in
+    ``_table_buffers`` follow device moves (``.to(device)``, ``.cuda()``, ``to_empty``) but keep
     their dtype.  After ``to_empty`` their contents are undefined: call ``reset_buffers()``.
     """
 
