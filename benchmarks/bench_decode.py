@@ -13,7 +13,8 @@ is the median over ``--repeats`` of ``blocked_autorange`` medians; the ratio col
   Llama          Meta's reference: ``freqs_cis[start:start + 1]`` and a complex multiplication
   plain          a half-split rotation from float32 (P, D/2) tables, written out here
   posenc         ``RotaryEmbedding(q, k, offset=)``, ``(positions=)``, ``(positions=,
-                 assume_in_table=True)`` and ``apply_rope_qk(q, k, cos, sin, offset=)``
+                 assume_in_table=True)``, ``apply_rope_qk(q, k, cos, sin, offset=)`` (half layout,
+                 as transformers), and the interleaved layout (as Llama)
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def bench(dtype: torch.dtype, hq: int, hk: int, D: int, repeats: int) -> None:
     name = str(dtype).replace("torch.", "")
     q, k = torch.randn(1, hq, 1, D).to(dtype), torch.randn(1, hk, 1, D).to(dtype)
     rope = RotaryEmbedding(D, max_seq_len=P)
+    rope_il = RotaryEmbedding(D, max_seq_len=P, layout="interleaved")
     cos, sin = rope.cos_table, rope.sin_table
     positions = torch.tensor([POS])
     rows = peers(D, dtype, q, k) + [
@@ -80,6 +82,7 @@ def bench(dtype: torch.dtype, hq: int, hk: int, D: int, repeats: int) -> None:
         ("posenc RotaryEmbedding(q, k, positions=, assume_in_table=True)",
          lambda: rope(q, k, positions=positions, assume_in_table=True)),
         ("posenc apply_rope_qk(q, k, cos, sin, offset=)", lambda: apply_rope_qk(q, k, cos, sin, offset=POS)),
+        ("posenc RotaryEmbedding(layout='interleaved')(q, k, offset=)", lambda: rope_il(q, k, offset=POS)),
     ]
     times: dict[str, list[float]] = {label: [] for label, _ in rows}
     for _ in range(repeats):
