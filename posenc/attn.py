@@ -45,8 +45,14 @@ class AttentionEncoding(Protocol):
     """
 
     def attention_qk(self, q: torch.Tensor, k: torch.Tensor, *, positions: torch.Tensor,
-                     key_positions: torch.Tensor, seq_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(q, k)`` as attention should see them (rotated, or unchanged)."""
+                     key_positions: torch.Tensor, seq_len: int | None, offsets: tuple[int | None, int | None],
+                     assume_in_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, k)`` as attention should see them (rotated, or unchanged).
+
+        ``offsets`` are ``(query_offset, key_offset)``: where one is an int, those positions are
+        ``offset + arange(length)``, known on the host, so nothing needs to be read from the device.
+        ``assume_in_table`` passes the caller's promise that explicit positions lie in the tables.
+        """
 
     def attention_bias(self, positions: torch.Tensor, key_positions: torch.Tensor, *, num_heads: int,
                        dtype: torch.dtype) -> torch.Tensor | None:
@@ -123,6 +129,14 @@ def _all_positions(q, k, positions, key_positions, segment_ids):
     return _positions_arg("positions", positions, B, S), _positions_arg("key_positions", key_positions, B, S_k), segment_ids
 
 
+def _host_offsets(q, k, positions, key_positions, segment_ids) -> tuple[int | None, int | None]:
+    """First query and key positions where the defaults make them ranges known on the host."""
+    if segment_ids is not None:
+        return None, None
+    S, S_k = q.shape[2], k.shape[2]
+    return (S_k - S if S <= S_k else 0) if positions is None else None, 0 if key_positions is None else None
+
+
 def _precomputed_bias(bias: torch.Tensor, H: int, S: int, S_k: int) -> torch.Tensor:
     if not bias.dtype.is_floating_point or bias.dim() not in (3, 4) or bias.shape[-2:] != (S, S_k) \
             or bias.shape[-3] not in (1, H):
@@ -161,6 +175,7 @@ def attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     seq_len: int | None = None,
+    assume_in_table: bool = False,
     backend: str = "sdpa",
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding applied the right way.
@@ -191,6 +206,10 @@ def attention(
         scale: logit scale, default ``1 / sqrt(D)``.
         seq_len: current length for length-dependent rotary rules (default: the largest key
             position + 1).
+        assume_in_table: promise that explicit ``positions``/``key_positions`` lie inside the rotary
+            tables, so that their range is not read from the device (see
+            :class:`~posenc.RotaryEmbedding`).  With the default positions nothing is read anyway:
+            they are ranges known on the host.
         backend: ``"sdpa"`` (reference) or ``"flex"`` (compiled ``flex_attention``: no ``(S, S_k)``
             bias tensors; no ``attn_mask``/dropout; RelativePositionBias only without gradients).
 
@@ -206,13 +225,15 @@ def attention(
     _check_qkv(q, k, v)
     dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
     _check_encoding(encoding)
+    offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
     positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
     B, H, S, _ = q.shape
     bias = None
     if isinstance(encoding, torch.Tensor):
         bias = _precomputed_bias(encoding, H, S, k.shape[2])
     elif encoding is not None:
-        q, k = encoding.attention_qk(q, k, positions=positions, key_positions=key_positions, seq_len=seq_len)
+        q, k = encoding.attention_qk(q, k, positions=positions, key_positions=key_positions, seq_len=seq_len,
+                                     offsets=offsets, assume_in_table=assume_in_table)
     if backend == "flex":
         if attn_mask is not None or dropout_p:
             raise ValueError("backend='flex' takes no attn_mask or dropout_p; use causal/segment_ids, or backend='sdpa'")

@@ -258,3 +258,37 @@ def test_input_checks_at_the_boundary():
     with pytest.raises(ValueError, match="pass seq_len"):
         posenc.RotaryEmbedding(8, scaling=posenc.DynamicNTKScaling(2.0, 8))(
             torch.randn(1, 1, 3, 8), positions=torch.arange(3), assume_in_table=True)
+
+
+class _RotateAt(torch.nn.Module):
+    def __init__(self, assume):
+        super().__init__()
+        self.rope = posenc.RotaryEmbedding(8, max_seq_len=16)
+        self.assume = assume
+
+    def forward(self, q, k, positions):
+        return self.rope(q, k, positions=positions, assume_in_table=self.assume)
+
+
+def test_exported_module_computes_or_refuses_positions_past_its_table():
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    far = torch.tensor([1, 2, 20])
+    exported = torch.export.export(_RotateAt(False), (q, k, torch.tensor([1, 2, 3]))).module()
+    for a, b in zip(exported(q, k, far), _RotateAt(False)(q, k, far), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)                     # computed exactly, as eager
+    promised = torch.export.export(_RotateAt(True), (q, k, torch.tensor([1, 2, 3]))).module()
+    torch.testing.assert_close(promised(q, k, torch.tensor([4, 5, 6]))[0], _RotateAt(True)(q, k, torch.tensor([4, 5, 6]))[0])
+    with pytest.raises(RuntimeError, match=r"must lie in \[0, 16\)"):
+        promised(q, k, far)
+
+
+@pytest.mark.parametrize("scaling", [None, posenc.DynamicNTKScaling(2.0, 8)])
+def test_an_attention_decode_step_with_rope_reads_nothing_from_the_device(device_reads, scaling):
+    rope = posenc.RotaryEmbedding(16, max_seq_len=64, scaling=scaling)
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
+    device_reads[0] = 0
+    out = posenc.attention(q, k, v, encoding=rope, causal=True)                 # query at 19 after 19 cached keys
+    assert device_reads[0] == 0
+    explicit = posenc.attention(q, k, v, encoding=rope, causal=True, positions=torch.tensor([19]),
+                                key_positions=torch.arange(20))
+    torch.testing.assert_close(out, explicit, rtol=0, atol=1e-6)

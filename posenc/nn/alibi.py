@@ -59,7 +59,7 @@ class AlibiBias(TableModule):
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len):
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
         """Biases leave queries and keys as they are."""
         return q, k
 

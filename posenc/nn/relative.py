@@ -72,7 +72,7 @@ class RelativePositionBias(nn.Module):
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len):
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
         """Biases leave queries and keys as they are."""
         return q, k
 

@@ -304,16 +304,23 @@ class RotaryEmbedding(TableModule):
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len):
-        """Rotate queries at ``positions`` and (unrotated) keys at ``key_positions``.
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+        """Rotate queries at ``positions`` and (unrotated) keys at ``key_positions``; where
+        ``offsets`` gives a host-known first position, by offset (no device reads).
 
         Length-dependent rules use ``seq_len``, by default the largest key position + 1.
         """
+        q_offset, k_offset = offsets
         if seq_len is None and self._length_dependent:
-            rng = self._range(key_positions, False)                                  # one read, when needed
-            seq_len = None if rng is None else rng[1] + 1
-        return (self.rotate(q, positions=positions, seq_len=seq_len),
-                self.rotate(k, positions=key_positions, key=True, seq_len=seq_len))
+            if k_offset is not None:
+                seq_len = k_offset + k.shape[-2]
+            else:
+                rng = self._range(key_positions, assume_in_table)                    # one read, when needed
+                seq_len = None if rng is None else rng[1] + 1
+        q_at = {"offset": q_offset} if q_offset is not None else {"positions": positions}
+        k_at = {"offset": k_offset} if k_offset is not None else {"positions": key_positions}
+        return (self.rotate(q, seq_len=seq_len, assume_in_table=assume_in_table, **q_at),
+                self.rotate(k, key=True, seq_len=seq_len, assume_in_table=assume_in_table, **k_at))
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """Rotary embeddings add no bias."""
