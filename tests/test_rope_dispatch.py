@@ -54,7 +54,10 @@ def kernel_spy(monkeypatch):
 
     monkeypatch.setattr(backend, "auto_device", lambda x: True)
     monkeypatch.setattr(backend, "triton_available", lambda device: True)
-    monkeypatch.setitem(kernels._loaded, "triton", fake_triton)
+    real_engine = kernels.rope_engine
+    monkeypatch.setattr(kernels, "rope_engine", lambda name: fake_triton if name == "triton" else real_engine(name))
+    for module in (R, rotary_module):
+        monkeypatch.setattr(module, "rope_engine", kernels.rope_engine)
     return calls
 
 
@@ -292,3 +295,36 @@ def test_an_attention_decode_step_with_rope_reads_nothing_from_the_device(device
     explicit = posenc.attention(q, k, v, encoding=rope, causal=True, positions=torch.tensor([19]),
                                 key_positions=torch.arange(20))
     torch.testing.assert_close(out, explicit, rtol=0, atol=1e-6)
+
+
+def test_compiled_xpos_with_a_positions_tensor_equals_eager():
+    rope = posenc.RotaryEmbedding(8, max_seq_len=16, xpos_scale_base=64.0)
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    positions = torch.tensor([3, 4, 40])
+    f = torch.compile(lambda q, k, p: rope(q, k, positions=p), fullgraph=True, backend="eager")
+    for a, b in zip(f(q, k, positions), rope(q, k, positions=positions), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
+    for a, b in zip(rope(q, k, positions=positions.clamp(max=15), assume_in_table=True),
+                    rope(q, k, positions=positions.clamp(max=15)), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not HAS_TRITON_INTERPRETER, reason="needs Triton's interpreter (TRITON_INTERPRET=1)")
+def test_first_call_under_compile_traces_without_graph_breaks():
+    """In a fresh process no engine module is loaded yet: picking one must not break the graph."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
+        "import torch, posenc\n"
+        "q = torch.randn(1, 2, 5, 8)\n"
+        "for backend in ('torch', 'triton'):\n"
+        "    rope = posenc.RotaryEmbedding(8, max_seq_len=8, backend=backend)\n"
+        "    f = torch.compile(lambda q: rope(q, q, positions=torch.tensor([0, 1, 2, 3, 7]))[0], fullgraph=True,\n"
+        "                      backend='eager')\n"
+        "    assert torch.allclose(f(q), rope(q, q, positions=torch.tensor([0, 1, 2, 3, 7]))[0], atol=2e-6)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -16,22 +16,23 @@ functions in :mod:`posenc.functional` and :mod:`posenc.nn` validate them and pic
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from posenc._torch.backend import triton_available
+from posenc.kernels import torch_rope
 
 __all__ = ["ENGINES", "rope_engine", "triton_available"]
 
 ENGINES = ("torch", "triton")
-_loaded: dict[str, Callable] = {}
 
 
 def rope_engine(name: str) -> Callable:
-    """The ``rope_qk`` function of engine ``name`` (``"torch"`` or ``"triton"``)."""
-    fn = _loaded.get(name)
-    if fn is None:
-        if name not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
-        fn = _loaded[name] = importlib.import_module(f"posenc.kernels.{name}_rope").rope_qk
-    return fn
+    """The ``rope_qk`` function of engine ``name`` (``"torch"`` or ``"triton"``).  Traceable: the
+    Triton module is imported with an import statement, which ``torch.compile`` can follow."""
+    if name == "torch":
+        return torch_rope.rope_qk
+    if name == "triton":
+        from posenc.kernels import triton_rope
+
+        return triton_rope.rope_qk
+    raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")

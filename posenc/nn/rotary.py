@@ -367,10 +367,8 @@ class RotaryEmbedding(TableModule):
     def _xpos_scale(self, positions: torch.Tensor, rng) -> torch.Tensor:
         """``zeta^(p / scale_base)`` per pair, float64 ``positions.shape + (dim/2,)``."""
         limit = 70 * self.xpos_scale_base
-        if rng is None:
-            raise ValueError("xPos needs the positions' range (it guards float32 overflow); it cannot be traced or "
-                             "promised with assume_in_table")
-        lo, hi = rng
+        # unknown range: promised inside the table, or traced (then unchecked, as an overflow shows as inf)
+        lo, hi = rng if rng is not None else (0, self.max_seq_len - 1 if not torch.compiler.is_compiling() else 0)
         if max(-lo, hi) >= limit:
             raise ValueError(
                 f"xPos scales overflow float32 for |position| >= 70 * xpos_scale_base = {limit:g}; got positions in "
