@@ -1,20 +1,60 @@
-"""Read RoPE settings from a Hugging Face ``config.json`` dict (framework-free)."""
+"""Read RoPE settings from a Hugging Face model configuration (framework-free).
+
+A configuration is a ``transformers`` ``PretrainedConfig`` (read through its ``to_dict()``) or a
+``config.json`` dict.  Families store their RoPE settings under different keys; every key below
+changes the result, so each is read, and a key posenc cannot honour raises instead of being
+dropped:
+
+=====================  ==============================================================================
+family                 keys
+=====================  ==============================================================================
+all (v5 and v4)        ``rope_parameters`` (v5) or ``rope_scaling`` (v4, with ``type``/``rope_type``),
+                       ``rope_theta``, ``partial_rotary_factor``, ``head_dim`` (else
+                       ``hidden_size // num_attention_heads``), ``max_position_embeddings``,
+                       ``original_max_position_embeddings``
+GPT-NeoX (raw json)    ``rotary_pct``, ``rotary_emb_base``
+GPT-J                  ``rotary_dim``, ``n_embd``, ``n_head``
+DeepSeek-V2/V3         ``qk_rope_head_dim`` (the rotary part of the head), ``rope_interleave``
+Gemma-3 and other      per-layer-type ``rope_parameters`` (``{"full_attention": {...},
+per-layer-type models  "sliding_attention": {...}}``) or ``rope_local_base_freq``: pick one with
+                       ``layer_type=``
+Qwen2-VL / 2.5-VL      ``mrope_section`` (multimodal RoPE): raises, it needs 3-D positions
+=====================  ==============================================================================
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from posenc import _validate
 from posenc.core.rope import (
     DynamicNTKScaling,
     LinearScaling,
     Llama3Scaling,
     LongRopeScaling,
+    ProportionalScaling,
     RopeScaling,
     YarnScaling,
 )
 
-_KNOWN = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "su")
+_KNOWN = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "su", "proportional")
+#: Model types whose RoPE pairs features (2i, 2i + 1); the others pair (i, i + d/2).
+INTERLEAVED_MODEL_TYPES = ("gptj", "cohere", "cohere2", "glm", "glm4", "deepseek_v2", "deepseek_v3")
+
+
+def config_dict(config: object) -> dict[str, Any]:
+    """A configuration as a plain dict: a ``PretrainedConfig`` through ``to_dict()``, or a mapping."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        result = to_dict()
+        if isinstance(result, Mapping):
+            return dict(result)
+    raise TypeError(
+        f"config must be a transformers PretrainedConfig or a dict (a parsed config.json), got {type(config).__name__}"
+    )
 
 
 def _need(params: Mapping[str, Any], key: str, rule: str) -> Any:
@@ -23,43 +63,98 @@ def _need(params: Mapping[str, Any], key: str, rule: str) -> Any:
     return params[key]
 
 
-def rope_scaling_from_hf(config: Mapping[str, Any]) -> tuple[float, int, RopeScaling | None]:
-    """``(base, rotary_dim, scaling)`` from a Hugging Face model config dict.
+def _rope_params(config: Mapping[str, Any], layer_type: str | None) -> dict[str, Any]:
+    """The rope parameter dict for ``layer_type`` (per-layer-type configs need one)."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"rope_scaling/rope_parameters must be a dict, got {params!r}")
+    per_type = bool(params) and all(isinstance(v, Mapping) for v in params.values())
+    if per_type:
+        if layer_type is None:
+            raise ValueError(
+                f"this config has rope parameters per layer type ({', '.join(params)}); pass layer_type= one of them"
+            )
+        if layer_type not in params:
+            raise ValueError(f"layer_type must be one of {', '.join(repr(t) for t in params)}, got {layer_type!r}")
+        return dict(params[layer_type])
+    params = dict(params)
+    if layer_type is None and config.get("rope_local_base_freq") is not None:
+        raise ValueError(
+            "this config gives local (sliding-window) layers their own base, rope_local_base_freq; pass "
+            "layer_type='full_attention' or 'sliding_attention'"
+        )
+    if layer_type is not None:
+        local = config.get("rope_local_base_freq")
+        if layer_type == "sliding_attention" and local is not None:
+            return {"rope_type": "default", "rope_theta": local}             # Gemma-3's local layers: no scaling
+        if layer_type not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"layer_type must be 'full_attention' or 'sliding_attention' here, got {layer_type!r}")
+    return params
 
-    Reads ``rope_theta``, the older ``rope_scaling`` (with ``type`` or ``rope_type``) or the newer
-    ``rope_parameters`` dict, ``partial_rotary_factor``, ``head_dim`` (else ``hidden_size //
-    num_attention_heads``) and ``max_position_embeddings``/``original_max_position_embeddings``.
+
+def _head_dim(config: Mapping[str, Any]) -> int:
+    for key in ("qk_rope_head_dim", "rotary_dim"):                       # DeepSeek; GPT-J (the rotated part)
+        if config.get(key) is not None:
+            return _validate.check_int(key, config[key], minimum=2)
+    if config.get("head_dim") is not None:
+        return _validate.check_int("head_dim", config["head_dim"], minimum=2)
+    hidden = config.get("hidden_size", config.get("n_embd"))
+    heads = config.get("num_attention_heads", config.get("n_head"))
+    if hidden is None or heads is None:
+        raise ValueError("config needs head_dim, or hidden_size and num_attention_heads (n_embd and n_head)")
+    heads = _validate.check_int("num_attention_heads", heads, minimum=1)
+    return _validate.check_int("hidden_size", hidden, minimum=1) // heads
+
+
+def rope_scaling_from_hf(config: object, *, layer_type: str | None = None) -> tuple[float, int, RopeScaling | None]:
+    """``(base, rotary_dim, scaling)`` from a Hugging Face model configuration.
+
+    Args:
+        config: a ``transformers`` ``PretrainedConfig`` or a ``config.json`` dict (see the module
+            docstring for the keys read, per family).
+        layer_type: for configs with rope parameters per layer type (Gemma-3:
+            ``"full_attention"`` or ``"sliding_attention"``).
+
     Rules: ``default``, ``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope`` (and its old
-    name ``su``).  Anything else raises :class:`ValueError` naming it; nothing falls back silently.
+    name ``su``) and ``proportional``.  Anything else raises :class:`ValueError` naming it; nothing
+    falls back silently.
 
     Examples:
         >>> rope_scaling_from_hf({"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 500000.0,
         ...     "max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
         ...     "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
         (500000.0, 128, Llama3Scaling(factor=8.0, original_max_seq_len=8192, low_freq_factor=1.0, high_freq_factor=4.0))
+        >>> rope_scaling_from_hf({"hidden_size": 2048, "num_attention_heads": 16, "rotary_pct": 0.25,
+        ...     "rotary_emb_base": 1000000})                               # a GPT-NeoX config.json
+        (1000000.0, 32, None)
     """
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(params, Mapping):
-        raise ValueError(f"rope_scaling/rope_parameters must be a dict, got {params!r}")
-    if params and all(isinstance(v, Mapping) for v in params.values()):
+    config = config_dict(config)
+    params = _rope_params(config, layer_type)
+    if params.get("mrope_section") is not None or config.get("mrope_section") is not None:
         raise ValueError(
-            f"per-layer-type rope parameters ({', '.join(params)}) are not supported by rope_scaling_from_hf; "
-            f"pass one layer type's dict as config['rope_parameters']"
+            "this config uses multimodal RoPE (mrope_section: 3-D positions for text, image and video); "
+            "rope_scaling_from_hf reads 1-D rotary embeddings only"
         )
-    base = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-    head_dim = config.get("head_dim")
-    if head_dim is None:
-        try:
-            head_dim = int(config["hidden_size"]) // int(config["num_attention_heads"])
-        except KeyError as err:
-            raise ValueError(f"config needs head_dim, or hidden_size and num_attention_heads; missing {err}") from None
-    factor_partial = float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
-    rotary_dim = int(int(head_dim) * factor_partial)
+    theta = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
+    base = _validate.check_float("rope_theta", theta, positive=True)
+    head_dim = _head_dim(config)
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)))
+    partial = _validate.check_float("partial_rotary_factor", partial, positive=True)
+    if partial > 1.0:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial}")
     rule = params.get("rope_type", params.get("type", "default"))
     if rule not in _KNOWN:
         raise ValueError(f"unknown rope scaling type {rule!r}; posenc supports {', '.join(_KNOWN)}")
+    if rule == "proportional":                                          # the whole head, some pairs at rest
+        factor = float(params.get("factor") or 1.0)
+        return base, head_dim, ProportionalScaling(partial, factor=factor)
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim < 2:
+        raise ValueError(f"partial_rotary_factor={partial} of head_dim={head_dim} leaves no feature pair to rotate")
+    return base, rotary_dim - rotary_dim % 2, _scaling(rule, params, config)
+
+
+def _scaling(rule: str, params: Mapping[str, Any], config: Mapping[str, Any]) -> RopeScaling | None:
     max_pos = config.get("max_position_embeddings")
 
     def original() -> int:
@@ -70,26 +165,26 @@ def rope_scaling_from_hf(config: Mapping[str, Any]) -> tuple[float, int, RopeSca
         return int(value)
 
     if rule == "default":
-        return base, rotary_dim, None
+        return None
     if rule == "linear":
-        return base, rotary_dim, LinearScaling(float(_need(params, "factor", rule)))
+        return LinearScaling(float(_need(params, "factor", rule)))
     if rule == "dynamic":
         if max_pos is None:
             raise ValueError("rope scaling 'dynamic' needs max_position_embeddings in the config")
-        return base, rotary_dim, DynamicNTKScaling(float(_need(params, "factor", rule)), int(max_pos))
+        return DynamicNTKScaling(float(_need(params, "factor", rule)), int(max_pos))
     if rule == "yarn":
         orig = original()
         factor = params.get("factor")
         if factor is None:
             factor = _need(config, "max_position_embeddings", rule) / orig
-        return base, rotary_dim, YarnScaling(
+        return YarnScaling(
             float(factor), orig,
             beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
             mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
             attention_factor_override=params.get("attention_factor"), truncate=bool(params.get("truncate", True)),
         )
     if rule == "llama3":
-        return base, rotary_dim, Llama3Scaling(
+        return Llama3Scaling(
             float(_need(params, "factor", rule)), original(),
             low_freq_factor=float(_need(params, "low_freq_factor", rule)),
             high_freq_factor=float(_need(params, "high_freq_factor", rule)),
@@ -98,7 +193,23 @@ def rope_scaling_from_hf(config: Mapping[str, Any]) -> tuple[float, int, RopeSca
     factor = params.get("factor")
     if factor is None:
         factor = (max_pos / orig) if max_pos else 1.0
-    return base, rotary_dim, LongRopeScaling(
+    return LongRopeScaling(
         tuple(_need(params, "short_factor", rule)), tuple(_need(params, "long_factor", rule)), orig,
         factor=float(factor), attention_factor_override=params.get("attention_factor"),
     )
+
+
+def rope_layout_from_hf(config: object) -> str:
+    """The pair layout a model family uses: ``"interleaved"`` (pairs ``2i, 2i + 1``: GPT-J, Cohere,
+    GLM, DeepSeek-V2/V3 unless ``rope_interleave`` is false) or ``"half"`` (pairs ``i, i + d/2``:
+    Llama, Mistral, Qwen, Gemma, Phi-3, GPT-NeoX and most others).
+
+    Examples:
+        >>> rope_layout_from_hf({"model_type": "gptj"}), rope_layout_from_hf({"model_type": "llama"})
+        ('interleaved', 'half')
+    """
+    config = config_dict(config)
+    model_type = config.get("model_type")
+    if model_type == "deepseek_v3" and config.get("rope_interleave") is False:
+        return "half"
+    return "interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half"

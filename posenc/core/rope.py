@@ -333,8 +333,35 @@ class LongRopeScaling(RopeScaling):
         return tuple(t / _D(e) for t, e in zip(default_frequencies(dim, base), ext, strict=True))
 
 
+@dataclasses.dataclass(frozen=True)
+class ProportionalScaling(RopeScaling):
+    """Proportional RoPE (Hugging Face's ``proportional`` rope type): the whole head is the rotary
+    dim, but only its first ``int(partial_rotary_factor * dim // 2)`` pairs rotate, at the
+    frequencies they have in the full head, ``base^(-2i/dim) / factor``; the other pairs get
+    frequency 0 and pass through.  (Partial rotary instead rotates ``partial_rotary_factor * dim``
+    features at ``base^(-2i/rotary_dim)``, pairing them among themselves.)
+    """
+
+    partial_rotary_factor: float
+    factor: float = 1.0
+    name: ClassVar[str] = "proportional"
+
+    def __post_init__(self) -> None:
+        p = _validate.check_float("partial_rotary_factor", self.partial_rotary_factor, positive=True)
+        if p > 1.0:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1], got {p}")
+        object.__setattr__(self, "partial_rotary_factor", p)
+        object.__setattr__(self, "factor", _positive("factor", self.factor))
+
+    def _frequencies(self, dim, base, seq_len):
+        rotating = int(self.partial_rotary_factor * dim // 2)
+        f = _D(self.factor)
+        return tuple(t / f for t in default_frequencies(dim, base)[:rotating]) + (_D(0),) * (dim // 2 - rotating)
+
+
 SCALINGS: dict[str, type[RopeScaling]] = {
-    cls.name: cls for cls in (LinearScaling, NTKScaling, DynamicNTKScaling, YarnScaling, Llama3Scaling, LongRopeScaling)
+    cls.name: cls for cls in (LinearScaling, NTKScaling, DynamicNTKScaling, YarnScaling, Llama3Scaling, LongRopeScaling,
+                              ProportionalScaling)
 }
 
 

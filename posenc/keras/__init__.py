@@ -11,6 +11,7 @@ from posenc.core.rope import (
     Llama3Scaling,
     LongRopeScaling,
     NTKScaling,
+    ProportionalScaling,
     YarnScaling,
 )
 from posenc.keras.bias import AlibiBias, RelativePositionBias
@@ -26,6 +27,7 @@ __all__ = [
     "Llama3Scaling",
     "LongRopeScaling",
     "NTKScaling",
+    "ProportionalScaling",
     "RelativePositionBias",
     "RotaryEmbedding",
     "SinusoidalEncoding",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -139,11 +138,26 @@ class RotaryEmbedding(TableModule):
 
     @classmethod
     def from_hf_config(
-        cls, config: Mapping[str, Any], *, max_seq_len: int = 4096, layout: str = "half", device=None
+        cls,
+        config: Any,
+        *,
+        layer_type: str | None = None,
+        max_seq_len: int = 4096,
+        layout: str | None = None,
+        backend: str = "auto",
+        device=None,
     ) -> RotaryEmbedding:
-        """Build from a Hugging Face ``config.json`` dict (see :func:`posenc.rope_scaling_from_hf`)."""
-        base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config)
-        return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, device=device)
+        """Build from a Hugging Face configuration: a ``PretrainedConfig`` or a ``config.json`` dict.
+
+        The base, rotary dim and scaling rule come from :func:`posenc.rope_scaling_from_hf` (with
+        ``layer_type`` for per-layer-type models such as Gemma-3); the pair layout from
+        :func:`posenc.rope_layout_from_hf` (the model type) unless ``layout`` is given.
+        """
+        base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config, layer_type=layer_type)
+        if layout is None:
+            layout = core_hf_config.rope_layout_from_hf(config)
+        return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, backend=backend,
+                   device=device)
 
     def reset_buffers(self) -> None:
         """(Re)build the tables in place, e.g. after meta-device construction and ``to_empty``."""

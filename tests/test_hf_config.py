@@ -1,0 +1,162 @@
+"""Reading RoPE settings from Hugging Face configurations, checked against transformers' own rotary
+classes built from the same configuration (skipped where transformers is not installed), and against
+raw config.json dicts with each family's keys."""
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import posenc
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+
+
+def _quiet(fn, *args, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kw)
+
+
+def _hf_rotary(config, cls_path, layer_type=None):
+    """``(inv_freq, attention_scaling)`` of transformers' rotary module for ``config``."""
+    module_name, cls_name = cls_path.rsplit(".", 1)
+    module = __import__(f"transformers.models.{module_name}", fromlist=[cls_name])
+    rotary = _quiet(getattr(module, cls_name), config)
+    prefix = f"{layer_type}_" if layer_type else ""
+    inv = getattr(rotary, prefix + "inv_freq").double().numpy()
+    return inv, float(getattr(rotary, prefix + "attention_scaling", 1.0))
+
+
+FAMILIES = [
+    # (name, config factory, rotary class, layer_type, expected layout)
+    ("llama-llama3", lambda: transformers.LlamaConfig(
+        hidden_size=256, num_attention_heads=4, max_position_embeddings=4096, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 512}),
+     "llama.modeling_llama.LlamaRotaryEmbedding", None, "half"),
+    ("mistral", lambda: transformers.MistralConfig(hidden_size=256, num_attention_heads=4, head_dim=96),
+     "mistral.modeling_mistral.MistralRotaryEmbedding", None, "half"),
+    ("qwen2-yarn", lambda: transformers.Qwen2Config(
+        hidden_size=256, num_attention_heads=4, rope_theta=1e6, max_position_embeddings=8192,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}),
+     "qwen2.modeling_qwen2.Qwen2RotaryEmbedding", None, "half"),
+    ("phi3-longrope", lambda: transformers.Phi3Config(
+        hidden_size=256, num_attention_heads=4, max_position_embeddings=4096, original_max_position_embeddings=1024,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(32)],
+                      "long_factor": [1.0 + 0.5 * i for i in range(32)]}),
+     "phi3.modeling_phi3.Phi3RotaryEmbedding", None, "half"),
+    ("gpt-neox-partial", lambda: transformers.GPTNeoXConfig(
+        hidden_size=256, num_attention_heads=4, rotary_pct=0.25, rotary_emb_base=1e6),
+     "gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding", None, "half"),
+    ("cohere", lambda: transformers.CohereConfig(hidden_size=256, num_attention_heads=4),
+     "cohere.modeling_cohere.CohereRotaryEmbedding", None, "interleaved"),
+    ("glm", lambda: transformers.GlmConfig(hidden_size=256, num_attention_heads=4, head_dim=64),
+     "glm.modeling_glm.GlmRotaryEmbedding", None, "interleaved"),
+    ("deepseek-v3-yarn", lambda: transformers.DeepseekV3Config(
+        hidden_size=256, num_attention_heads=4, qk_rope_head_dim=32, qk_nope_head_dim=64, max_position_embeddings=16384,
+        rope_scaling={"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                      "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}),
+     "deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding", None, "interleaved"),
+    ("gemma3-full", lambda: transformers.Gemma3TextConfig(
+        hidden_size=256, num_attention_heads=4, head_dim=64, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+     "gemma3.modeling_gemma3.Gemma3RotaryEmbedding", "full_attention", "half"),
+    ("gemma3-sliding", lambda: transformers.Gemma3TextConfig(
+        hidden_size=256, num_attention_heads=4, head_dim=64, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+     "gemma3.modeling_gemma3.Gemma3RotaryEmbedding", "sliding_attention", "half"),
+]
+
+
+@pytest.mark.parametrize("name, make, cls_path, layer_type, layout", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("as_dict", [False, True], ids=["PretrainedConfig", "to_dict"])
+def test_config_reading_matches_transformers_rotary_class(name, make, cls_path, layer_type, layout, as_dict):
+    config = _quiet(make)
+    hf_inv, hf_scale = _hf_rotary(config, cls_path, layer_type)
+    source = json.loads(json.dumps(config.to_dict())) if as_dict else config
+    rope = posenc.RotaryEmbedding.from_hf_config(source, layer_type=layer_type, max_seq_len=8)
+    assert rope.dim == 2 * len(hf_inv)
+    np.testing.assert_allclose(rope.inv_freq.numpy(), hf_inv, rtol=3e-6, atol=0)   # HF computes in float32
+    assert rope.attention_factor == pytest.approx(hf_scale, rel=1e-6)
+    assert rope.layout == layout
+
+
+def test_gptj_reads_rotary_dim_and_is_interleaved():
+    config = _quiet(transformers.GPTJConfig, n_embd=256, n_head=4, rotary_dim=32)
+    from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+
+    table = create_sinusoidal_positions(16, 32)                     # [sin | cos] of positions 0..15
+    rope = posenc.RotaryEmbedding.from_hf_config(config, max_seq_len=16)
+    assert (rope.dim, rope.layout, rope.base) == (32, "interleaved", 10000.0)
+    np.testing.assert_allclose(rope.sin_table.numpy(), table[:, :16].numpy(), atol=2e-6)
+    np.testing.assert_allclose(rope.cos_table.numpy(), table[:, 16:].numpy(), atol=2e-6)
+
+
+# --- raw config.json dicts, as files on the hub hold them ---------------------------------------------
+
+NEOX_JSON = {"model_type": "gpt_neox", "hidden_size": 2048, "num_attention_heads": 16, "rotary_pct": 0.25,
+             "rotary_emb_base": 1000000, "max_position_embeddings": 4096}
+DEEPSEEK_V3_JSON = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+                    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rope_theta": 10000,
+                    "max_position_embeddings": 163840,
+                    "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}}
+GEMMA3_JSON = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+               "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+               "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}
+GPTJ_JSON = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048}
+QWEN2_VL_JSON = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28, "rope_theta": 1e6,
+                 "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+
+
+def test_raw_config_json_of_each_family():
+    assert posenc.rope_scaling_from_hf(NEOX_JSON) == (1e6, 32, None)            # 25% of 128, base 1e6
+    base, dim, rule = posenc.rope_scaling_from_hf(DEEPSEEK_V3_JSON)
+    assert (base, dim) == (10000.0, 64) and rule == posenc.YarnScaling(40.0, 4096, mscale=1.0, mscale_all_dim=1.0)
+    assert posenc.rope_layout_from_hf(DEEPSEEK_V3_JSON) == "interleaved"
+    assert posenc.rope_layout_from_hf({**DEEPSEEK_V3_JSON, "rope_interleave": False}) == "half"
+    assert posenc.rope_scaling_from_hf(GEMMA3_JSON, layer_type="full_attention") == (1e6, 256, posenc.LinearScaling(8.0))
+    assert posenc.rope_scaling_from_hf(GEMMA3_JSON, layer_type="sliding_attention") == (10000.0, 256, None)
+    assert posenc.rope_scaling_from_hf(GPTJ_JSON) == (10000.0, 64, None)
+    assert posenc.rope_layout_from_hf(GPTJ_JSON) == "interleaved"
+    assert posenc.rope_layout_from_hf(NEOX_JSON) == "half"
+
+
+@pytest.mark.parametrize(
+    "config, kwargs, match",
+    [
+        (GEMMA3_JSON, {}, "pass layer_type="),
+        (_quiet(transformers.Gemma3TextConfig).to_dict(), {}, "per layer type"),
+        (_quiet(transformers.Gemma3TextConfig).to_dict(), {"layer_type": "global"}, "layer_type must be one of"),
+        (QWEN2_VL_JSON, {}, "multimodal RoPE"),
+        ({**NEOX_JSON, "rotary_pct": 0.0}, {}, "partial_rotary_factor must be > 0"),
+        ({**NEOX_JSON, "rotary_pct": 0.001}, {}, "leaves no feature pair"),
+        ({**NEOX_JSON, "rope_theta": None, "rotary_emb_base": None}, {}, "rope_theta must be a real number"),
+        ({"hidden_size": 64, "num_attention_heads": 0}, {}, "num_attention_heads must be >= 1"),
+    ],
+)
+def test_keys_that_would_change_the_result_are_never_dropped(config, kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        posenc.rope_scaling_from_hf(config, **kwargs)
+
+
+def test_config_must_be_a_config_or_a_dict():
+    with pytest.raises(TypeError, match="PretrainedConfig or a dict"):
+        posenc.rope_scaling_from_hf([("hidden_size", 64)])
+
+
+def test_proportional_rope_matches_transformers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = _quiet(transformers.LlamaConfig, hidden_size=256, num_attention_heads=2, head_dim=128,
+                    rope_parameters={"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                     "factor": 2.0})
+    hf_inv, hf_scale = ROPE_INIT_FUNCTIONS["proportional"](config, "cpu")
+    base, dim, rule = posenc.rope_scaling_from_hf(config)
+    assert dim == 128 and rule == posenc.ProportionalScaling(0.25, factor=2.0)
+    ours, factor = posenc.rope_inv_freq(dim, base=base, scaling=rule)
+    np.testing.assert_allclose(ours.numpy(), hf_inv.double().numpy(), rtol=3e-6, atol=0)
+    assert factor == hf_scale == 1.0
+    assert (ours[16:] == 0).all() and ours[15] == pytest.approx(10000.0 ** (-30 / 128) / 2, rel=1e-12)
+    assert math.isclose(float(ours[0]), 0.5)
