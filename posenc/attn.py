@@ -47,7 +47,8 @@ class AttentionEncoding(Protocol):
     def attention_qk(self, q: torch.Tensor, k: torch.Tensor, *, positions: torch.Tensor,
                      key_positions: torch.Tensor, seq_len: int | None, offsets: tuple[int | None, int | None],
                      assume_in_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(q, k)`` as attention should see them (rotated, or unchanged).
+        """``(q, k)`` as attention should see them (rotated, or unchanged); ``k`` is None when the
+        keys are already rotated (then ``(q, None)``).
 
         ``offsets`` are ``(query_offset, key_offset)``: where one is an int, those positions are
         ``offset + arange(length)``, known on the host, so nothing needs to be read from the device.
@@ -176,6 +177,7 @@ def attention(
     scale: float | None = None,
     seq_len: int | None = None,
     assume_in_table: bool = False,
+    keys_rotated: bool = False,
     backend: str = "sdpa",
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding applied the right way.
@@ -210,6 +212,14 @@ def attention(
             tables, so that their range is not read from the device (see
             :class:`~posenc.RotaryEmbedding`).  With the default positions nothing is read anyway:
             they are ranges known on the host.
+        keys_rotated: ``k`` is already rotated, each key once, when it entered the KV cache (e.g.
+            ``rope.rotate(k_new, key=True, offset=t)``), so only the queries are rotated here.  This
+            is how Hugging Face models cache keys, and with a length-dependent rule (dynamic NTK,
+            LongRoPE) it is the only way to match them: each key keeps the frequencies of the step
+            that produced it.  The default (``False``) rotates the given unrotated keys at
+            ``key_positions``, all with the frequencies of the current length, as if the whole
+            sequence were fed at once.  The two agree for every rule that does not depend on the
+            length.
         backend: ``"sdpa"`` (reference) or ``"flex"`` (compiled ``flex_attention``: no ``(S, S_k)``
             bias tensors; no ``attn_mask``/dropout; RelativePositionBias only without gradients).
 
@@ -225,6 +235,8 @@ def attention(
     _check_qkv(q, k, v)
     dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
     _check_encoding(encoding)
+    if not isinstance(keys_rotated, bool):
+        raise TypeError(f"keys_rotated must be a bool, got {keys_rotated!r}")
     offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
     positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
     B, H, S, _ = q.shape
@@ -232,8 +244,10 @@ def attention(
     if isinstance(encoding, torch.Tensor):
         bias = _precomputed_bias(encoding, H, S, k.shape[2])
     elif encoding is not None:
-        q, k = encoding.attention_qk(q, k, positions=positions, key_positions=key_positions, seq_len=seq_len,
-                                     offsets=offsets, assume_in_table=assume_in_table)
+        q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=positions,
+                                         key_positions=key_positions, seq_len=seq_len, offsets=offsets,
+                                         assume_in_table=assume_in_table)
+        k = k if keys_rotated else k_rot
     if backend == "flex":
         if attn_mask is not None or dropout_p:
             raise ValueError("backend='flex' takes no attn_mask or dropout_p; use causal/segment_ids, or backend='sdpa'")

@@ -156,6 +156,7 @@ def test_flex_refuses_to_train_a_relative_bias_instead_of_silently_detaching():
         (lambda q, k, v: posenc.attention(q, k, v, backend="flex", dropout_p=0.1), ValueError, "flex' takes no attn_mask"),
         (lambda q, k, v: posenc.attention(q, k, v, encoding=torch.zeros(4, 9, 8)), ValueError, "precomputed bias"),
         (lambda q, k, v: posenc.attention(q, k, v, dropout_p=1.0), ValueError, "dropout_p must be in"),
+        (lambda q, k, v: posenc.attention(q, k, v, keys_rotated=1), TypeError, "keys_rotated must be a bool"),
     ],
 )
 def test_bad_input(call, err, match):

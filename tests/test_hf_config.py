@@ -160,3 +160,56 @@ def test_proportional_rope_matches_transformers():
     assert factor == hf_scale == 1.0
     assert (ours[16:] == 0).all() and ours[15] == pytest.approx(10000.0 ** (-30 / 128) / 2, rel=1e-12)
     assert math.isclose(float(ours[0]), 0.5)
+
+
+# --- cached decoding with length-dependent rules, as transformers' models run it ---------------------
+
+def _hf_style_decode(config, rotary_cls_path, q, k, v):
+    """One attention layer decoded token by token the way transformers' models do it: cos/sin from
+    the model's rotary module for each step's position, every key rotated once when it is cached."""
+    import torch
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    module_name, cls_name = rotary_cls_path.rsplit(".", 1)
+    module = __import__(f"transformers.models.{module_name}", fromlist=[cls_name])
+    rotary = _quiet(getattr(module, cls_name), config)
+    outs, cache = [], []
+    for t in range(q.shape[2]):
+        cos, sin = rotary(q, torch.tensor([[t]]))
+        q_t, k_t = apply_rotary_pos_emb(q[:, :, t : t + 1], k[:, :, t : t + 1], cos, sin)
+        cache.append(k_t)
+        keys = torch.cat(cache, 2)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(q_t, keys, v[:, :, : t + 1]))
+    return torch.cat(outs, 2)
+
+
+ROTATED_ONCE = [
+    ("dynamic-ntk", lambda: transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=2, max_position_embeddings=8,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "llama.modeling_llama.LlamaRotaryEmbedding"),
+    ("longrope", lambda: transformers.Phi3Config(
+        hidden_size=64, num_attention_heads=2, max_position_embeddings=64, original_max_position_embeddings=8,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.3 * i for i in range(16)],
+                      "long_factor": [1.0 + 2.0 * i for i in range(16)]}), "phi3.modeling_phi3.Phi3RotaryEmbedding"),
+]
+
+
+@pytest.mark.parametrize("name, make, cls_path", ROTATED_ONCE, ids=[c[0] for c in ROTATED_ONCE])
+def test_keys_rotated_once_in_the_cache_match_transformers_decoding(name, make, cls_path):
+    import torch
+
+    torch.manual_seed(0)
+    config = _quiet(make)
+    q, k, v = torch.randn(1, 2, 24, 32), torch.randn(1, 2, 24, 32), torch.randn(1, 2, 24, 32)
+    expected = _hf_style_decode(config, cls_path, q, k, v)                 # crosses the original length (8)
+    rope = posenc.RotaryEmbedding.from_hf_config(config, max_seq_len=64)
+    outs, cache = [], []
+    for t in range(q.shape[2]):
+        cache.append(rope.rotate(k[:, :, t : t + 1], key=True, offset=t))  # each key once, at its own step
+        outs.append(posenc.attention(q[:, :, t : t + 1], torch.cat(cache, 2), v[:, :, : t + 1], encoding=rope,
+                                     keys_rotated=True, causal=True))
+    torch.testing.assert_close(torch.cat(outs, 2), expected, rtol=0, atol=1e-5)
+    # re-rotating the whole cache at the current length is a different model: it must not match
+    again = torch.cat([posenc.attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], encoding=rope,
+                                        causal=True) for t in range(q.shape[2])], 2)
+    assert (again - expected).abs().max() > 1e-3

@@ -49,9 +49,10 @@ class RotaryEmbedding(TableModule):
     Length-dependent rules (:class:`~posenc.DynamicNTKScaling`, :class:`~posenc.LongRopeScaling`)
     read ``seq_len`` (default: the largest position + 1).  Within the original context the
     precomputed table is used; beyond it the frequencies for that ``seq_len`` are computed for this
-    call only.  Keys already in a KV cache keep the rotation they were given when they were cached:
-    that is how these rules behave in every implementation, and why results of a dynamic rule
-    depend on how a sequence was fed.
+    call only.  Keys rotated into a KV cache keep the rotation of the step that cached them (rotate
+    each new key once with ``rotate(k, key=True, offset=t)`` and pass ``keys_rotated=True`` to
+    :func:`posenc.attention`): that is how Hugging Face models cache keys, and why results of a
+    dynamic rule depend on how a sequence was fed.
 
     Checkpoints of other libraries that store the derived tables (``inv_freq``, ``cos_cached``,
     ``sin_cached``, ``freqs``, ``freqs_cis``, torchtune's ``cache``/``theta``) load with
@@ -327,14 +328,15 @@ class RotaryEmbedding(TableModule):
         q_offset, k_offset = offsets
         if seq_len is None and self._length_dependent:
             if k_offset is not None:
-                seq_len = k_offset + k.shape[-2]
+                seq_len = k_offset + key_positions.shape[-1]
             else:
                 rng = self._range(key_positions, assume_in_table)                    # one read, when needed
                 seq_len = None if rng is None else rng[1] + 1
         q_at = {"offset": q_offset} if q_offset is not None else {"positions": positions}
         k_at = {"offset": k_offset} if k_offset is not None else {"positions": key_positions}
-        return (self.rotate(q, seq_len=seq_len, assume_in_table=assume_in_table, **q_at),
-                self.rotate(k, key=True, seq_len=seq_len, assume_in_table=assume_in_table, **k_at))
+        q = self.rotate(q, seq_len=seq_len, assume_in_table=assume_in_table, **q_at)
+        return q, None if k is None else self.rotate(k, key=True, seq_len=seq_len, assume_in_table=assume_in_table,
+                                                     **k_at)
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """Rotary embeddings add no bias."""
