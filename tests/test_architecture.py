@@ -25,6 +25,7 @@ ALLOWED = {
     "attn": {"core", "functional", "nn", "_validate", "_torch"},
     "lab": {"core", "functional", "nn", "attn", "_validate", "_torch", "lab"},
     "models": {"lab"},
+    "integrations": {"core", "functional", "nn", "_validate", "_torch", "integrations"},
     "cli": {"core", "functional", "lab"},
     "__init__": set(),
     "__main__": {"cli"},
@@ -140,7 +141,7 @@ def test_core_never_imports_torch_or_keras():
 
 
 def test_library_layers_never_import_the_lab():
-    for layer in ("core", "functional", "nn", "kernels", "_torch", "keras"):
+    for layer in ("core", "functional", "nn", "kernels", "_torch", "keras", "integrations"):
         for path in (ROOT / layer).rglob("*.py"):
             assert not any(m.startswith("posenc.lab") for m in _posenc_targets(path)), path
 

@@ -173,6 +173,11 @@ class RotaryEmbedding(TableModule):
             self.packed_table.copy_(pack_tables(c, s, self.layout))           # one rounding
 
     @property
+    def length_dependent(self) -> bool:
+        """Whether the scaling rule's frequencies depend on the sequence length (dynamic NTK, LongRoPE)."""
+        return self._length_dependent
+
+    @property
     def cos_table(self) -> torch.Tensor:
         """``cos`` of the precomputed positions, float32 ``(max_seq_len, dim/2)`` (a view)."""
         return unpack_tables(self.packed_table, self.layout)[0]

@@ -1,0 +1,260 @@
+"""Hugging Face transformers models with posenc's positional encodings, patched in place.
+
+``patch_model(model)`` makes a loaded model take its positional encoding from posenc, for
+``model(...)`` and ``model.generate(...)``, prefill and cached decoding alike; ``unpatch_model`` (or
+the ``patched(model)`` context manager) restores the original.  What changes, per family:
+
+- **RoPE** (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma-2, Gemma-3, Phi-3, GPT-NeoX, Cohere, GLM,
+  DeepSeek-V3): the model's rotary module returns posenc's exact cos/sin for the positions it is
+  given (read from the config by :meth:`posenc.RotaryEmbedding.from_hf_config`, one table per
+  layer type), in the format the model's own rotation expects.  The model's attention code still
+  rotates q and k, and its cache still holds keys rotated once, at the step that produced them,
+  so length-dependent rules (dynamic NTK, LongRoPE) behave exactly as the model defines them;
+- **GPT-J**: each attention's sin/cos table is replaced by posenc's exact one;
+- **ALiBi** (BLOOM, MPT): the bias comes from :func:`posenc.alibi_bias` with posenc's slopes;
+- **T5**: the bucketed relative bias comes from :func:`posenc.relative_position_bucket` and the
+  model's own bias weights (so training still updates them).
+
+Angles are exact (within one float32 ulp of the true cos/sin for positions up to 2^31), where the
+models compute them in float32; far from position 0 that is what separates the two.
+
+transformers is never imported by ``import posenc``; this module needs it only to be installed
+for the models you pass (it reads their classes and configs, it does not import them itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator
+
+import torch
+
+from posenc._torch.rows import position_range
+from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
+from posenc.nn import RotaryEmbedding
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "patch_model", "patched", "unpatch_model"]
+
+_ROPE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "gpt_neox",
+               "cohere", "glm", "deepseek_v3")
+#: The model types ``patch_model`` supports.
+SUPPORTED_MODEL_TYPES = (*_ROPE_TYPES, "gptj", "bloom", "mpt", "t5")
+#: Rows precomputed per rotary table; positions past them are computed exactly on the fly.
+_MAX_TABLE_ROWS = 1 << 14
+_PATCH_ATTR = "_posenc_patches"
+
+
+def _model_type(model: torch.nn.Module) -> str:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"patch_model supports Hugging Face models of type {', '.join(SUPPORTED_MODEL_TYPES)}; got "
+            f"{type(model).__name__} with model_type={model_type!r}"
+        )
+    return model_type
+
+
+def _set(patches: list, obj: object, name: str, value: object) -> None:
+    """Replace ``obj.name`` and remember what to restore (an instance attribute, or none)."""
+    had = name in vars(obj) or (isinstance(obj, torch.nn.Module) and name in obj._buffers)
+    patches.append((obj, name, had, getattr(obj, name) if had else None))
+    if isinstance(obj, torch.nn.Module) and name in obj._buffers:
+        obj._buffers[name] = value
+    else:
+        setattr(obj, name, value)
+
+
+def patch_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Make ``model`` compute its positional encoding with posenc, in place; returns ``model``.
+
+    Supported: the model types in :data:`SUPPORTED_MODEL_TYPES` (any head, e.g. ``...ForCausalLM``
+    or the bare model).  Anything else raises ``ValueError`` naming them.  Patching twice is a no-op.
+
+    Raises:
+        ValueError: an unsupported model, or a configuration posenc cannot read exactly (e.g. MPT
+            with ``alibi_bias_max`` other than 8, multimodal RoPE).
+    """
+    model_type = _model_type(model)
+    if getattr(model, _PATCH_ATTR, None):
+        return model
+    patches: list = []
+    try:
+        if model_type in _ROPE_TYPES:
+            _patch_rotary(model, patches)
+        elif model_type == "gptj":
+            _patch_gptj(model, patches)
+        elif model_type == "bloom":
+            _patch_bloom(model, patches)
+        elif model_type == "mpt":
+            _patch_mpt(model, patches)
+        else:
+            _patch_t5(model, patches)
+    except Exception:
+        _restore(patches)
+        raise
+    if not patches:
+        raise ValueError(f"found nothing to patch in {type(model).__name__} ({model_type}); is it a supported model?")
+    object.__setattr__(model, _PATCH_ATTR, patches)
+    return model
+
+
+def unpatch_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`patch_model` (a no-op on a model that is not patched); returns ``model``."""
+    _restore(getattr(model, _PATCH_ATTR, None) or [])
+    if _PATCH_ATTR in vars(model):
+        object.__delattr__(model, _PATCH_ATTR)
+    return model
+
+
+@contextlib.contextmanager
+def patched(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``with patched(model): ...`` runs the block with ``model`` patched, and restores it after."""
+    patch_model(model)
+    try:
+        yield model
+    finally:
+        unpatch_model(model)
+
+
+def _restore(patches: list) -> None:
+    for obj, name, had, old in reversed(patches):
+        if isinstance(obj, torch.nn.Module) and name in obj._buffers:
+            obj._buffers[name] = old
+        elif had:
+            setattr(obj, name, old)
+        else:
+            delattr(obj, name)
+    patches.clear()
+
+
+# ---- RoPE families ----------------------------------------------------------------------------------
+
+def _patch_rotary(model: torch.nn.Module, patches: list) -> None:
+    interleaved_cos = model.config.model_type == "cohere"                    # cos/sin repeated per pair
+    for module in model.modules():
+        if not type(module).__name__.endswith("RotaryEmbedding") or not hasattr(module, "config"):
+            continue
+        device = next((b.device for b in module.buffers()), torch.device("cpu"))
+        layer_types = sorted(set(getattr(module, "layer_types", None) or [])) or [None]
+        tables = torch.nn.ModuleDict({
+            str(t): _HFRotaryTables(module.config, t, interleaved_cos).to(device) for t in layer_types
+        })
+        _set(patches, module, "_posenc_tables", tables)
+        _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
+
+
+class _HFRotaryTables(torch.nn.Module):
+    """posenc's rotary embedding for one layer type, with its exact float32 cos/sin also laid out as
+    the model reads them (``[cos, cos]`` per row, or each value twice for Cohere)."""
+
+    def __init__(self, config, layer_type: str | None, interleaved_cos: bool) -> None:
+        super().__init__()
+        rows = min(int(getattr(config, "max_position_embeddings", 4096) or 4096), _MAX_TABLE_ROWS)
+        self.rope = RotaryEmbedding.from_hf_config(config, layer_type=layer_type, max_seq_len=rows)
+        self.interleaved_cos = interleaved_cos
+        self.register_buffer("cos", self._model_layout(self.rope.cos_table), persistent=False)
+        self.register_buffer("sin", self._model_layout(self.rope.sin_table), persistent=False)
+
+    def _model_layout(self, t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(2, -1) if self.interleaved_cos else torch.cat([t, t], -1)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``(B, S, d)`` for ``position_ids`` ``(B, S)``: table rows when the positions
+        lie inside the table and no length-dependent rule changes the frequencies, else exact values
+        computed for this call."""
+        lo, hi = position_range(position_ids)                                  # one small read
+        if dtype != torch.float64 and not self.rope.length_dependent and 0 <= lo and hi < self.cos.shape[0]:
+            return torch.embedding(self.cos, position_ids).to(dtype), torch.embedding(self.sin, position_ids).to(dtype)
+        cos, sin = self.rope.cos_sin(position_ids, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+        return self._model_layout(cos).to(dtype), self._model_layout(sin).to(dtype)
+
+
+def _rotary_forward(self, x, position_ids, layer_type=None, **kwargs):
+    tables = self._posenc_tables
+    key = str(layer_type)
+    if key not in tables:
+        if list(tables) != ["None"]:
+            raise ValueError(f"layer_type must be one of {sorted(tables)}, got {layer_type!r}")
+        key = "None"
+    return tables[key](position_ids, x.dtype)
+
+
+# ---- GPT-J -------------------------------------------------------------------------------------------
+
+def _patch_gptj(model: torch.nn.Module, patches: list) -> None:
+    for module in model.modules():
+        table = module._buffers.get("embed_positions") if hasattr(module, "_buffers") else None
+        if table is None:
+            continue
+        rows, dim = table.shape[-2], table.shape[-1]
+        rope = RotaryEmbedding(dim, max_seq_len=rows, layout="interleaved", device=table.device)
+        exact = torch.cat([rope.sin_table, rope.cos_table], -1).to(table.dtype)   # [sin | cos], as GPT-J stores it
+        _set(patches, module, "embed_positions", exact.reshape(table.shape))
+
+
+# ---- ALiBi: BLOOM and MPT ------------------------------------------------------------------------------
+
+def _patch_bloom(model: torch.nn.Module, patches: list) -> None:
+    def build_alibi_tensor(self, attention_mask, num_heads, dtype):
+        positions = positions_from_mask(attention_mask)                         # (B, S_k): pads get 0
+        slopes = alibi_slopes(num_heads, dtype=torch.float64, device=attention_mask.device)
+        zero = torch.zeros(positions.shape[0], 1, dtype=torch.long, device=positions.device)
+        bias = alibi_bias(zero, positions, slopes, dtype=torch.float32)         # (B, H, 1, S_k): slope * key pos
+        return bias.reshape(-1, 1, positions.shape[-1]).to(dtype)
+
+    for module in model.modules():
+        if hasattr(type(module), "build_alibi_tensor"):
+            _set(patches, module, "build_alibi_tensor", types.MethodType(build_alibi_tensor, module))
+            _set(patches, module, "forward", types.MethodType(_with_attention_mask(module.forward), module))
+
+
+def _with_attention_mask(forward: Callable) -> Callable:
+    """BLOOM builds its ALiBi inline when no attention mask is given; an all-ones mask (the same
+    attention) routes it through ``build_alibi_tensor``."""
+    def wrapped(self, input_ids=None, past_key_values=None, attention_mask=None, inputs_embeds=None, *args, **kwargs):
+        if attention_mask is None:
+            ref = input_ids if input_ids is not None else inputs_embeds
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            attention_mask = torch.ones(ref.shape[0], past + ref.shape[1], dtype=torch.long, device=ref.device)
+        return forward(input_ids, past_key_values, attention_mask, inputs_embeds, *args, **kwargs)
+    return wrapped
+
+
+def _patch_mpt(model: torch.nn.Module, patches: list) -> None:
+    attn_config = getattr(model.config, "attn_config", None)
+    bias_max = getattr(attn_config, "alibi_bias_max", 8) if not isinstance(attn_config, dict) else \
+        attn_config.get("alibi_bias_max", 8)
+    if bias_max != 8:
+        raise ValueError(f"MPT's alibi_bias_max={bias_max} changes its slopes away from ALiBi's; posenc follows the "
+                         f"paper's slopes (alibi_bias_max=8)")
+
+    def build_mpt_alibi_tensor(self, num_heads, sequence_length, alibi_bias_max=8, device=None):
+        slopes = alibi_slopes(num_heads, dtype=torch.float64, device=device)
+        last = torch.tensor([sequence_length - 1], device=device)
+        keys = torch.arange(sequence_length, device=device)
+        return alibi_bias(last, keys, slopes, dtype=torch.float32)               # (H, 1, L): slope * (j - L + 1)
+
+    for module in model.modules():
+        if hasattr(type(module), "build_mpt_alibi_tensor"):
+            _set(patches, module, "build_mpt_alibi_tensor", types.MethodType(build_mpt_alibi_tensor, module))
+
+
+# ---- T5 ----------------------------------------------------------------------------------------------
+
+def _patch_t5(model: torch.nn.Module, patches: list) -> None:
+    def compute_bias(self, query_length, key_length, device=None, past_seen_tokens=0):
+        device = self.relative_attention_bias.weight.device if device is None else device
+        queries = torch.arange(query_length, dtype=torch.long, device=device) + past_seen_tokens
+        keys = torch.arange(key_length, dtype=torch.long, device=device)
+        buckets = relative_position_bucket(keys[None, :] - queries[:, None], bidirectional=not self.is_decoder,
+                                           num_buckets=self.relative_attention_num_buckets,
+                                           max_distance=self.relative_attention_max_distance)
+        values = self.relative_attention_bias(buckets)                           # (S, S_k, H), the model's weights
+        return values.permute(2, 0, 1).unsqueeze(0)                              # (1, H, S, S_k)
+
+    for module in model.modules():
+        if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias"):
+            _set(patches, module, "compute_bias", types.MethodType(compute_bias, module))
+

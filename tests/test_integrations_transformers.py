@@ -1,0 +1,212 @@
+"""posenc inside real Hugging Face models: tiny random models of every supported family, built here
+from configs (no downloads), give the same logits patched and unpatched for a prefill and cached
+decoding steps; far from position 0 the patched model is the more accurate one."""
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+
+from posenc.integrations.transformers import SUPPORTED_MODEL_TYPES, patch_model, patched, unpatch_model  # noqa: E402
+
+SMALL = {"vocab_size": 96, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+         "intermediate_size": 128}
+
+
+def _llama_like(cls, **extra):
+    return lambda: cls(**SMALL, num_key_value_heads=2, max_position_embeddings=256, **extra)
+
+
+FAMILIES = {
+    "llama": (transformers.LlamaForCausalLM, _llama_like(transformers.LlamaConfig)),
+    "llama-dynamic": (transformers.LlamaForCausalLM, _llama_like(
+        transformers.LlamaConfig, rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
+    "mistral": (transformers.MistralForCausalLM, _llama_like(transformers.MistralConfig)),
+    "qwen2-yarn": (transformers.Qwen2ForCausalLM, _llama_like(
+        transformers.Qwen2Config, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 16})),
+    "qwen3": (transformers.Qwen3ForCausalLM, _llama_like(transformers.Qwen3Config, head_dim=16)),
+    "gemma": (transformers.GemmaForCausalLM, _llama_like(transformers.GemmaConfig, head_dim=16)),
+    "gemma2": (transformers.Gemma2ForCausalLM, _llama_like(transformers.Gemma2Config, head_dim=16)),
+    "gemma3": (transformers.Gemma3ForCausalLM, _llama_like(
+        transformers.Gemma3TextConfig, head_dim=16, sliding_window=8,
+        rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    "phi3-longrope": (transformers.Phi3ForCausalLM, lambda: transformers.Phi3Config(
+        **SMALL, num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=24,
+        pad_token_id=0, rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                      "long_factor": [1.0 + 1.5 * i for i in range(8)]})),
+    "gpt_neox": (transformers.GPTNeoXForCausalLM, lambda: transformers.GPTNeoXConfig(
+        **SMALL, rotary_pct=0.25, rotary_emb_base=50000, max_position_embeddings=256)),
+    "cohere": (transformers.CohereForCausalLM, _llama_like(transformers.CohereConfig)),
+    "glm": (transformers.GlmForCausalLM, _llama_like(transformers.GlmConfig, head_dim=16, pad_token_id=0, eos_token_id=1)),
+    "deepseek_v3": (transformers.DeepseekV3ForCausalLM, lambda: transformers.DeepseekV3Config(
+        **SMALL, num_key_value_heads=4, max_position_embeddings=256, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=16, kv_lora_rank=16, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                      "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})),
+    "gptj": (transformers.GPTJForCausalLM, lambda: transformers.GPTJConfig(
+        vocab_size=96, n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256)),
+    "bloom": (transformers.BloomForCausalLM, lambda: transformers.BloomConfig(
+        vocab_size=96, hidden_size=64, n_head=4, n_layer=2)),
+    "bloom-6-heads": (transformers.BloomForCausalLM, lambda: transformers.BloomConfig(
+        vocab_size=96, hidden_size=48, n_head=6, n_layer=2)),
+    "mpt": (transformers.MptForCausalLM, lambda: transformers.MptConfig(
+        vocab_size=96, d_model=64, n_heads=4, n_layers=2, max_seq_len=256)),
+    "t5": (transformers.T5ForConditionalGeneration, lambda: transformers.T5Config(
+        vocab_size=96, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0)),
+}
+
+
+def _build(name):
+    cls, make = FAMILIES[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        model = cls(make()).eval()
+    return model
+
+
+def _greedy(model, ids, steps):
+    """Logits of a prefill and of ``steps`` cached greedy decoding steps, and the tokens chosen."""
+    logits, tokens = [], []
+    with torch.no_grad():
+        if model.config.is_encoder_decoder:
+            enc = model.get_encoder()(input_ids=ids)
+            dec = torch.zeros(1, 1, dtype=torch.long)
+            out = model(encoder_outputs=enc, decoder_input_ids=dec, use_cache=True)
+        else:
+            out = model(input_ids=ids, use_cache=True)
+        for _ in range(steps + 1):
+            logits.append(out.logits[:, -1])
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(int(nxt))
+            if len(tokens) > steps:
+                break
+            if model.config.is_encoder_decoder:
+                out = model(encoder_outputs=enc, decoder_input_ids=nxt, past_key_values=out.past_key_values,
+                            use_cache=True)
+            else:
+                out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+    return torch.stack(logits), tokens
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_patched_model_reproduces_the_models_logits(name):
+    model = _build(name)
+    ids = torch.randint(1, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        prefill = model(input_ids=ids, decoder_input_ids=ids[:, :33]).logits if model.config.is_encoder_decoder \
+            else model(input_ids=ids).logits
+    ref_logits, ref_tokens = _greedy(model, ids, 8)
+    patch_model(model)
+    with torch.no_grad():
+        got = model(input_ids=ids, decoder_input_ids=ids[:, :33]).logits if model.config.is_encoder_decoder \
+            else model(input_ids=ids).logits
+    logits, tokens = _greedy(model, ids, 8)
+    torch.testing.assert_close(got, prefill, rtol=0, atol=1e-5)                   # the whole prefill
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)             # 8 cached decoding steps
+    assert tokens == ref_tokens
+    unpatch_model(model)
+    torch.testing.assert_close(_greedy(model, ids, 8)[0], ref_logits, rtol=0, atol=0)   # restored exactly
+
+
+@pytest.mark.parametrize("name", ["llama", "phi3-longrope", "gpt_neox", "bloom", "t5"])
+def test_generate_is_unchanged(name):
+    model = _build(name)
+    ids = torch.randint(1, 96, (1, 32), generator=torch.Generator().manual_seed(2))
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        with patched(model):
+            got = model.generate(ids, **kwargs)
+    assert torch.equal(got, expected)
+    assert not hasattr(model, "_posenc_patches")
+
+
+def _float64_rotary(module):
+    """A float64 rotary forward from the RoPE formula itself (test oracle, independent of posenc)."""
+    dim = 2 * module.inv_freq.numel()
+    base = module.config.rope_parameters["rope_theta"]
+    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+    def forward(x, position_ids, **kwargs):
+        ang = position_ids.to(torch.float64)[..., None] * inv                     # exact to float64 rounding
+        emb = torch.cat([ang, ang], -1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return forward
+
+
+def test_far_from_position_zero_the_patched_model_is_closer_to_float64():
+    model = _build("llama")
+    ids = torch.randint(1, 96, (1, 32), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(100_000, 100_032)[None]
+    reference = _build("llama").double()
+    reference.model.rotary_emb.forward = _float64_rotary(reference.model.rotary_emb)
+    with torch.no_grad():
+        truth = reference(input_ids=ids, position_ids=positions).logits
+        hf = model(input_ids=ids, position_ids=positions).logits.double()
+        with patched(model):
+            ours = model(input_ids=ids, position_ids=positions).logits.double()
+    err_hf, err_ours = (hf - truth).abs().max().item(), (ours - truth).abs().max().item()
+    assert err_ours < 1e-4 and err_ours * 10 < err_hf, (err_ours, err_hf)
+
+
+def test_unsupported_models_and_double_patching():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="supports Hugging Face models of type llama"):
+        patch_model(gpt2)
+    model = _build("llama")
+    assert patch_model(patch_model(model)) is model and len(model._posenc_patches) == 2
+    unpatch_model(model)
+    assert "forward" not in vars(model.model.rotary_emb)
+    assert set(SUPPORTED_MODEL_TYPES) >= {"llama", "gemma3", "phi3", "gptj", "bloom", "mpt", "t5"}
+
+
+def test_patching_keeps_state_dict_and_moves_with_the_model():
+    model = _build("qwen3")
+    keys = set(model.state_dict())
+    patch_model(model)
+    assert set(model.state_dict()) == keys                                        # posenc's tables are not state
+    model.to(torch.float64)
+    ids = torch.randint(1, 96, (1, 8))
+    with torch.no_grad():
+        assert model(input_ids=ids).logits.dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if n != "gptj"])
+def test_the_patched_model_runs_posencs_code(name, monkeypatch):
+    import posenc.integrations.transformers as integration
+
+    calls = []
+
+    def counting(fn):
+        def wrapper(*a, **kw):
+            calls.append(fn.__name__)
+            return fn(*a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(integration._HFRotaryTables, "forward", counting(integration._HFRotaryTables.forward))
+    for fn in ("alibi_bias", "relative_position_bucket"):
+        monkeypatch.setattr(integration, fn, counting(getattr(integration, fn)))
+    model = patch_model(_build(name))
+    with torch.no_grad():
+        ids = torch.randint(1, 96, (1, 6))
+        model(input_ids=ids, decoder_input_ids=ids) if model.config.is_encoder_decoder else model(input_ids=ids)
+    assert calls
+
+
+def test_gptj_reads_posencs_exact_table():
+    model = _build("gptj")
+    before = [m.embed_positions for m in model.modules() if "embed_positions" in m._buffers]
+    patch_model(model)
+    after = [m.embed_positions for m in model.modules() if "embed_positions" in m._buffers]
+    assert before and all(a is not b and a.shape == b.shape for a, b in zip(after, before, strict=True))
+    torch.testing.assert_close(after[0], before[0], rtol=0, atol=1e-5)     # same angles, rounded once
+    unpatch_model(model)
+    assert all(m.embed_positions is b for m, b in zip(
+        (m for m in model.modules() if "embed_positions" in m._buffers), before, strict=True))
