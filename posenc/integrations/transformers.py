@@ -25,6 +25,7 @@ for the models you pass (it reads their classes and configs, it does not import 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from collections.abc import Callable, Iterator
 
@@ -133,11 +134,14 @@ def _restore(patches: list) -> None:
 
 def _patch_rotary(model: torch.nn.Module, patches: list) -> None:
     interleaved_cos = model.config.model_type == "cohere"                    # cos/sin repeated per pair
-    for module in model.modules():
+    for name, module in model.named_modules():
         if not type(module).__name__.endswith("RotaryEmbedding") or not hasattr(module, "config"):
             continue
         device = next((b.device for b in module.buffers()), torch.device("cpu"))
         layer_types = sorted(set(getattr(module, "layer_types", None) or [])) or [None]
+        if layer_types == [None] and getattr(module.config, "rope_local_base_freq", None) is not None:
+            # transformers 4.x Gemma-3: one rotary module per layer type, the local one on a config copy
+            layer_types = ["sliding_attention" if name.endswith("_local") else "full_attention"]
         tables = torch.nn.ModuleDict({
             str(t): _HFRotaryTables(module.config, t, interleaved_cos).to(device) for t in layer_types
         })
@@ -175,9 +179,9 @@ def _rotary_forward(self, x, position_ids, layer_type=None, **kwargs):
     tables = self._posenc_tables
     key = str(layer_type)
     if key not in tables:
-        if list(tables) != ["None"]:
+        if len(tables) != 1:
             raise ValueError(f"layer_type must be one of {sorted(tables)}, got {layer_type!r}")
-        key = "None"
+        key = next(iter(tables))
     return tables[key](position_ids, x.dtype)
 
 
@@ -185,8 +189,8 @@ def _rotary_forward(self, x, position_ids, layer_type=None, **kwargs):
 
 def _patch_gptj(model: torch.nn.Module, patches: list) -> None:
     for module in model.modules():
-        table = module._buffers.get("embed_positions") if hasattr(module, "_buffers") else None
-        if table is None:
+        table = module._buffers.get("embed_positions", vars(module).get("embed_positions"))   # a buffer (5.x) or not
+        if not isinstance(table, torch.Tensor):
             continue
         rows, dim = table.shape[-2], table.shape[-1]
         rope = RotaryEmbedding(dim, max_seq_len=rows, layout="interleaved", device=table.device)
@@ -198,7 +202,7 @@ def _patch_gptj(model: torch.nn.Module, patches: list) -> None:
 
 def _patch_bloom(model: torch.nn.Module, patches: list) -> None:
     def build_alibi_tensor(self, attention_mask, num_heads, dtype):
-        positions = positions_from_mask(attention_mask)                         # (B, S_k): pads get 0
+        positions = positions_from_mask(attention_mask != 0)                    # (B, S_k): pads get 0
         slopes = alibi_slopes(num_heads, dtype=torch.float64, device=attention_mask.device)
         zero = torch.zeros(positions.shape[0], 1, dtype=torch.long, device=positions.device)
         bias = alibi_bias(zero, positions, slopes, dtype=torch.float32)         # (B, H, 1, S_k): slope * key pos
@@ -211,14 +215,19 @@ def _patch_bloom(model: torch.nn.Module, patches: list) -> None:
 
 
 def _with_attention_mask(forward: Callable) -> Callable:
-    """BLOOM builds its ALiBi inline when no attention mask is given; an all-ones mask (the same
-    attention) routes it through ``build_alibi_tensor``."""
-    def wrapped(self, input_ids=None, past_key_values=None, attention_mask=None, inputs_embeds=None, *args, **kwargs):
-        if attention_mask is None:
-            ref = input_ids if input_ids is not None else inputs_embeds
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
-            attention_mask = torch.ones(ref.shape[0], past + ref.shape[1], dtype=torch.long, device=ref.device)
-        return forward(input_ids, past_key_values, attention_mask, inputs_embeds, *args, **kwargs)
+    """BLOOM (transformers 5) builds its ALiBi inline when no attention mask is given; an all-ones
+    mask (the same attention) routes it through ``build_alibi_tensor``."""
+    signature = inspect.signature(forward)
+
+    def wrapped(self, *args, **kwargs):
+        bound = signature.bind_partial(*args, **kwargs)
+        given = bound.arguments
+        cache = given.get("past_key_values")
+        if given.get("attention_mask") is None and (cache is None or hasattr(cache, "get_seq_length")):
+            ref = given.get("input_ids") if given.get("input_ids") is not None else given.get("inputs_embeds")
+            past = cache.get_seq_length() if cache is not None else 0
+            given["attention_mask"] = torch.ones(ref.shape[0], past + ref.shape[1], dtype=torch.long, device=ref.device)
+        return forward(*bound.args, **bound.kwargs)
     return wrapped
 
 
@@ -244,9 +253,12 @@ def _patch_mpt(model: torch.nn.Module, patches: list) -> None:
 # ---- T5 ----------------------------------------------------------------------------------------------
 
 def _patch_t5(model: torch.nn.Module, patches: list) -> None:
-    def compute_bias(self, query_length, key_length, device=None, past_seen_tokens=0):
+    def compute_bias(self, query_length, key_length, device=None, past_seen_tokens=0, cache_position=None):
         device = self.relative_attention_bias.weight.device if device is None else device
-        queries = torch.arange(query_length, dtype=torch.long, device=device) + past_seen_tokens
+        if cache_position is not None:                                           # transformers 4.x
+            queries = cache_position.to(device)
+        else:
+            queries = torch.arange(query_length, dtype=torch.long, device=device) + past_seen_tokens
         keys = torch.arange(key_length, dtype=torch.long, device=device)
         buckets = relative_position_bucket(keys[None, :] - queries[:, None], bidirectional=not self.is_decoder,
                                            num_buckets=self.relative_attention_num_buckets,
