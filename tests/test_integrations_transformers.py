@@ -213,3 +213,13 @@ def test_gptj_reads_posencs_exact_table():
     torch.testing.assert_close(after[0], before[0], rtol=0, atol=1e-5)     # same angles, rounded once
     unpatch_model(model)
     assert all(a is b for a, b in zip(tables(), before, strict=True))
+
+
+def test_casting_a_patched_model_keeps_posencs_tables_exact():
+    fresh = patch_model(_build("llama"))
+    cast = patch_model(_build("llama"))
+    cast.to(torch.bfloat16).to(torch.float32)                                   # rounds the weights, not the tables
+    x, positions = torch.zeros(1, 5, 64), torch.tensor([[0, 1, 255, 256, 70_000]])
+    with torch.no_grad():
+        for a, b in zip(fresh.model.rotary_emb(x, positions), cast.model.rotary_emb(x, positions), strict=True):
+            assert torch.equal(a, b)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from posenc._torch.rows import position_range
+from posenc._torch.tables import TableModule
 from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
 from posenc.nn import RotaryEmbedding
 
@@ -149,9 +150,12 @@ def _patch_rotary(model: torch.nn.Module, patches: list) -> None:
         _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
 
 
-class _HFRotaryTables(torch.nn.Module):
+class _HFRotaryTables(TableModule):
     """posenc's rotary embedding for one layer type, with its exact float32 cos/sin also laid out as
-    the model reads them (``[cos, cos]`` per row, or each value twice for Cohere)."""
+    the model reads them (``[cos, cos]`` per row, or each value twice for Cohere).  The tables stay
+    float32 when the model is cast (``model.to(torch.bfloat16)``)."""
+
+    _table_buffers = ("cos", "sin")
 
     def __init__(self, config, layer_type: str | None, interleaved_cos: bool) -> None:
         super().__init__()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
+from posenc._torch.tables import TableModule
 from posenc.core import alibi as core_alibi
 from posenc.functional import alibi as functional_alibi
-from posenc.nn._tables import TableModule
 
 __all__ = ["AlibiBias"]
 

@@ -11,13 +11,13 @@ from posenc._torch.angles import exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import check_float_dtype, check_position_args, check_positions, check_qk
 from posenc._torch.rows import guard_in_table, position_range
+from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
 from posenc.core.rope import ROPE_LAYOUTS
 from posenc.kernels import rope_engine
 from posenc.kernels.torch_rope import pack_tables, unpack_tables
-from posenc.nn._tables import TableModule
 
 __all__ = ["RotaryEmbedding"]
 

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from posenc import _validate
 from posenc._torch.angles import exact_sin_cos
 from posenc._torch.checks import check_embeddings, check_position_args
+from posenc._torch.tables import TableModule
 from posenc.core import sinusoidal as core_sinusoidal
-from posenc.nn._tables import TableModule
 
 __all__ = ["SinusoidalEncoding"]
 
