@@ -174,3 +174,9 @@ def test_the_old_models_path_still_imports_with_a_deprecation_warning():
             "try:\n    import posenc.models\nexcept DeprecationWarning as w:\n    print('warned:', w)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "posenc.lab" in out
+    code = ("import warnings; warnings.simplefilter('ignore')\n"
+            "import posenc.models.tiny, posenc.lab.tiny\n"
+            "from posenc.models.registry import list_encodings\n"
+            "print(posenc.models.tiny is posenc.lab.tiny, len(list_encodings()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "6"]

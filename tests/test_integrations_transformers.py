@@ -223,3 +223,19 @@ def test_casting_a_patched_model_keeps_posencs_tables_exact():
     with torch.no_grad():
         for a, b in zip(fresh.model.rotary_emb(x, positions), cast.model.rotary_emb(x, positions), strict=True):
             assert torch.equal(a, b)
+
+
+def test_patched_nested_keeps_an_earlier_patch():
+    model = patch_model(_build("llama"))
+    with patched(model):
+        pass
+    assert model._posenc_patches
+
+
+@pytest.mark.parametrize("assume_in_table", [False, True])
+def test_a_patched_model_compiles_with_fullgraph(assume_in_table):
+    model = patch_model(_build("llama"), assume_in_table=assume_in_table)
+    ids = torch.randint(1, 96, (1, 12))
+    compiled = torch.compile(lambda ids: model(input_ids=ids).logits, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids), model(input_ids=ids).logits, rtol=0, atol=1e-5)

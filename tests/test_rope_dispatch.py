@@ -328,3 +328,43 @@ def test_first_call_under_compile_traces_without_graph_breaks():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_exact_paths_check_positions_even_when_promised():
+    rope = posenc.RotaryEmbedding(64, max_seq_len=4096, xpos_scale_base=512.0)
+    q = torch.randn(1, 1, 1, 64)
+    with pytest.raises(ValueError, match="xPos scales overflow"):
+        rope(q, q, positions=torch.tensor([40000]), assume_in_table=True)
+    small = posenc.RotaryEmbedding(8, max_seq_len=4096, xpos_scale_base=10.0)
+    q8 = torch.randn(1, 1, 1, 8)
+    torch.testing.assert_close(small.rotate(q8, positions=torch.tensor([3]), key=True, assume_in_table=True),
+                               small.rotate(q8, positions=torch.tensor([3]), key=True))
+    with pytest.raises(ValueError, match=r"within \[-2\*\*31, 2\*\*31\]"):
+        posenc.RotaryEmbedding(8).rotate(q8.double(), positions=torch.tensor([2**40]), assume_in_table=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_cos_sin_reads_narrow_integer_positions_as_indices(dtype):
+    rope = posenc.RotaryEmbedding(4, max_seq_len=4)
+    positions = torch.tensor([1, 0, 1, 3])
+    cos, sin = rope.cos_sin(positions.to(dtype))
+    assert torch.equal(cos, rope.cos_table[positions]) and torch.equal(sin, rope.sin_table[positions])
+
+
+def test_zero_dim_inputs_raise_value_errors():
+    cos, sin = tables(3, 8)
+    with pytest.raises(ValueError, match="x must have a feature axis"):
+        R.apply_rope(torch.tensor(1.0), cos, sin)
+    with pytest.raises(ValueError, match="cos must have a feature axis"):
+        R.apply_rope(torch.randn(3, 8), torch.tensor(1.0), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary", [4, 8])
+def test_out_of_place_outputs_keep_the_strides_of_empty_like(layout, rotary):
+    x = torch.randn(1, 5, 4, 8).transpose(1, 2)                      # (B, H, S, D) view of (B, S, H, D)
+    cos, sin = tables(5, rotary)
+    out = R.apply_rope(x, cos, sin, layout=layout)
+    assert out.stride() == torch.empty_like(x).stride() == x.stride()
+    out.transpose(1, 2).view(1, 5, 32)                               # as attention code reshapes it
+    torch.testing.assert_close(out[..., rotary:], x[..., rotary:], rtol=0, atol=0)

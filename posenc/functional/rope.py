@@ -181,6 +181,8 @@ def _check_rope_args(x: object, cos: object, sin: object, layout: object) -> int
     _validate.check_choice("layout", layout, ROPE_LAYOUTS)
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         check_float_tensor(name, t)
+        if t.dim() == 0:
+            raise ValueError(f"{name} must have a feature axis (..., D), got a 0-d tensor")
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     h = cos.shape[-1]

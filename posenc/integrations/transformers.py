@@ -9,7 +9,9 @@ the ``patched(model)`` context manager) restores the original.  What changes, pe
   given (read from the config by :meth:`posenc.RotaryEmbedding.from_hf_config`, one table per
   layer type), in the format the model's own rotation expects.  The model's attention code still
   rotates q and k, and its cache still holds keys rotated once, at the step that produced them,
-  so length-dependent rules (dynamic NTK, LongRoPE) behave exactly as the model defines them;
+  so length-dependent rules (dynamic NTK, LongRoPE) follow the model within a generation (the
+  length is the largest position + 1 of each step; transformers' dynamic NTK also remembers the
+  longest length seen by earlier calls, posenc does not);
 - **GPT-J**: each attention's sin/cos table is replaced by posenc's exact one;
 - **ALiBi** (BLOOM, MPT): the bias comes from :func:`posenc.alibi_bias` with posenc's slopes;
 - **T5**: the bucketed relative bias comes from :func:`posenc.relative_position_bucket` and the
@@ -31,7 +33,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from posenc._torch.rows import position_range
+from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
 from posenc.nn import RotaryEmbedding
@@ -68,23 +70,34 @@ def _set(patches: list, obj: object, name: str, value: object) -> None:
         setattr(obj, name, value)
 
 
-def patch_model(model: torch.nn.Module) -> torch.nn.Module:
+def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> torch.nn.Module:
     """Make ``model`` compute its positional encoding with posenc, in place; returns ``model``.
 
     Supported: the model types in :data:`SUPPORTED_MODEL_TYPES` (any head, e.g. ``...ForCausalLM``
     or the bare model).  Anything else raises ``ValueError`` naming them.  Patching twice is a no-op.
+
+    Args:
+        model: a loaded transformers model.
+        assume_in_table: for RoPE models, promise that every position lies below the rotary tables'
+            rows (``min(max_position_embeddings, 16384)``) and that no length-dependent rule needs
+            the current length: cos/sin are then looked up without reading the positions back
+            from the device (what ``torch.compile(fullgraph=True)`` and CUDA graphs need).  The
+            lookup stays bounds-checked.  Without it, each forward reads the positions' range
+            once, and under ``torch.compile`` the values are computed exactly instead.
 
     Raises:
         ValueError: an unsupported model, or a configuration posenc cannot read exactly (e.g. MPT
             with ``alibi_bias_max`` other than 8, multimodal RoPE).
     """
     model_type = _model_type(model)
+    if not isinstance(assume_in_table, bool):
+        raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
     if getattr(model, _PATCH_ATTR, None):
         return model
     patches: list = []
     try:
         if model_type in _ROPE_TYPES:
-            _patch_rotary(model, patches)
+            _patch_rotary(model, patches, assume_in_table)
         elif model_type == "gptj":
             _patch_gptj(model, patches)
         elif model_type == "bloom":
@@ -111,13 +124,16 @@ def unpatch_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def patched(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``with patched(model): ...`` runs the block with ``model`` patched, and restores it after."""
-    patch_model(model)
+def patched(model: torch.nn.Module, *, assume_in_table: bool = False) -> Iterator[torch.nn.Module]:
+    """``with patched(model): ...`` runs the block with ``model`` patched, and restores it after (a
+    model that was patched already stays patched)."""
+    already = bool(getattr(model, _PATCH_ATTR, None))
+    patch_model(model, assume_in_table=assume_in_table)
     try:
         yield model
     finally:
-        unpatch_model(model)
+        if not already:
+            unpatch_model(model)
 
 
 def _restore(patches: list) -> None:
@@ -133,7 +149,7 @@ def _restore(patches: list) -> None:
 
 # ---- RoPE families ----------------------------------------------------------------------------------
 
-def _patch_rotary(model: torch.nn.Module, patches: list) -> None:
+def _patch_rotary(model: torch.nn.Module, patches: list, assume_in_table: bool) -> None:
     interleaved_cos = model.config.model_type == "cohere"                    # cos/sin repeated per pair
     for name, module in model.named_modules():
         if not type(module).__name__.endswith("RotaryEmbedding") or not hasattr(module, "config"):
@@ -144,7 +160,7 @@ def _patch_rotary(model: torch.nn.Module, patches: list) -> None:
             # transformers 4.x Gemma-3: one rotary module per layer type, the local one on a config copy
             layer_types = ["sliding_attention" if name.endswith("_local") else "full_attention"]
         tables = torch.nn.ModuleDict({
-            str(t): _HFRotaryTables(module.config, t, interleaved_cos).to(device) for t in layer_types
+            str(t): _HFRotaryTables(module.config, t, interleaved_cos, assume_in_table).to(device) for t in layer_types
         })
         _set(patches, module, "_posenc_tables", tables)
         _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
@@ -157,8 +173,9 @@ class _HFRotaryTables(TableModule):
 
     _table_buffers = ("cos", "sin")
 
-    def __init__(self, config, layer_type: str | None, interleaved_cos: bool) -> None:
+    def __init__(self, config, layer_type: str | None, interleaved_cos: bool, assume_in_table: bool) -> None:
         super().__init__()
+        self.assume_in_table = assume_in_table
         rows = min(int(getattr(config, "max_position_embeddings", 4096) or 4096), _MAX_TABLE_ROWS)
         self.rope = RotaryEmbedding.from_hf_config(config, layer_type=layer_type, max_seq_len=rows)
         self.interleaved_cos = interleaved_cos
@@ -172,9 +189,13 @@ class _HFRotaryTables(TableModule):
         """``(cos, sin)`` ``(B, S, d)`` for ``position_ids`` ``(B, S)``: table rows when the positions
         lie inside the table and no length-dependent rule changes the frequencies, else exact values
         computed for this call."""
-        lo, hi = position_range(position_ids)                                  # one small read
-        if dtype != torch.float64 and not self.rope.length_dependent and 0 <= lo and hi < self.cos.shape[0]:
-            return torch.embedding(self.cos, position_ids).to(dtype), torch.embedding(self.sin, position_ids).to(dtype)
+        table_ok = dtype != torch.float64 and not self.rope.length_dependent
+        if table_ok and self.assume_in_table:                                    # promised: no device reads
+            return table_rows(self.cos, position_ids, 0, 0).to(dtype), table_rows(self.sin, position_ids, 0, 0).to(dtype)
+        if table_ok and not torch.compiler.is_compiling():
+            lo, hi = position_range(position_ids)                              # one small read
+            if 0 <= lo and hi < self.cos.shape[0]:
+                return torch.embedding(self.cos, position_ids).to(dtype), torch.embedding(self.sin, position_ids).to(dtype)
         cos, sin = self.rope.cos_sin(position_ids, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         return self._model_layout(cos).to(dtype), self._model_layout(sin).to(dtype)
 

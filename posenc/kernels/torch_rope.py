@@ -159,7 +159,13 @@ def _rotate_small(x: torch.Tensor, factors, h: int, layout: str, inplace: bool) 
     if inplace:
         xr.copy_(rot)
         return x
-    return rot if xr is x else torch.cat([rot, x[..., d:]], -1)
+    if xr is x and (rot.stride() == x.stride() or x.is_contiguous()):
+        return rot
+    out = torch.empty_like(x)                                              # the strides out-of-place outputs have
+    out[..., :d] = rot
+    if d < x.shape[-1]:
+        out[..., d:] = x[..., d:]                                          # pass-through features
+    return out
 
 
 def _small_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str, dtype: torch.dtype):
@@ -174,7 +180,8 @@ def _rotate_small_qk(q: torch.Tensor, k: torch.Tensor | None, factors, h: int, l
                      seq_dim: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The small path for q and k (same dtype).  A decode step's q and k (batch 1, one token) are
     rotated as one tensor, concatenated along the head axis and split back into contiguous outputs:
-    half the calls."""
+    half the calls.  The two outputs are views of one buffer, so a key kept as it is (not copied
+    into a cache) also keeps its query's memory alive."""
     if k is not None and seq_dim is not None and not inplace and q.dim() == 4 and 2 * h == q.shape[-1]:
         head = 1 if seq_dim == 2 else 2                                    # (B, H, S, D) or (B, S, H, D)
         qs, ks = q.shape, k.shape

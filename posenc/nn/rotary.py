@@ -10,7 +10,7 @@ from posenc import _validate
 from posenc._torch.angles import exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import check_float_dtype, check_position_args, check_positions, check_qk
-from posenc._torch.rows import guard_in_table, position_range
+from posenc._torch.rows import guard_in_table, position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
@@ -203,7 +203,7 @@ class RotaryEmbedding(TableModule):
         rng = self._range(positions, False)
         freqs = self._call_frequencies(rng, seq_len)
         if freqs is None and dtype == torch.float32 and self._in_table(rng):
-            return self.cos_table[positions], self.sin_table[positions]
+            return table_rows(self.cos_table, positions, 0, 0), table_rows(self.sin_table, positions, 0, 0)
         return self._exact(positions, rng, freqs, dtype)
 
     # ---- the one validation and decision per call --------------------------------------------------
@@ -275,6 +275,8 @@ class RotaryEmbedding(TableModule):
         freqs = self._call_frequencies(rng, seq_len)
         from_table = freqs is None and self.xpos_scale_base is None and q.dtype != torch.float64 and (
             self._in_table(rng) if rng is not None else assume)
+        if not from_table and rng is None and positions is not None and not torch.compiler.is_compiling():
+            rng = self._range(positions, False)              # computed exactly: the promise does not cover it
         engine = self._engine(q, k, sd, rng, freqs, from_table)
         if from_table:
             if rng is None and torch.compiler.is_compiling():
@@ -388,8 +390,7 @@ class RotaryEmbedding(TableModule):
     def _xpos_scale(self, positions: torch.Tensor, rng) -> torch.Tensor:
         """``zeta^(p / scale_base)`` per pair, float64 ``positions.shape + (dim/2,)``."""
         limit = 70 * self.xpos_scale_base
-        # unknown range: promised inside the table, or traced (then unchecked, as an overflow shows as inf)
-        lo, hi = rng if rng is not None else (0, self.max_seq_len - 1 if not torch.compiler.is_compiling() else 0)
+        lo, hi = rng if rng is not None else (0, 0)         # unknown only while traced: unchecked there
         if max(-lo, hi) >= limit:
             raise ValueError(
                 f"xPos scales overflow float32 for |position| >= 70 * xpos_scale_base = {limit:g}; got positions in "
