@@ -146,6 +146,12 @@ def test_library_layers_never_import_the_lab():
             assert not any(m.startswith("posenc.lab") for m in _posenc_targets(path)), path
 
 
+def test_the_transformers_integration_does_not_import_transformers():
+    code = "import sys, posenc, posenc.integrations.transformers; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 @pytest.mark.parametrize("module", ["posenc", "posenc.core"])
 def test_import_does_not_pull_in_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
