@@ -34,6 +34,7 @@ def triton_available(device: torch.device) -> bool:
 
 
 def check_rope_backend(backend: object) -> str:
+    """``backend`` if it is one of :data:`ROPE_BACKENDS`, else ``ValueError`` listing them."""
     return _validate.check_choice("backend", backend, ROPE_BACKENDS)
 
 
