@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
+from posenc._torch.rows import position_range
 from posenc.core import exact
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -28,14 +29,18 @@ def check_positions(name: str, positions: object) -> torch.Tensor:
     return positions
 
 
+def check_position_bounds(name: str, lo: int, hi: int) -> None:
+    """Reject a positions range ``[lo, hi]`` outside ``[-2**31, 2**31]``, where exact angles are no
+    longer guaranteed."""
+    if max(-lo, hi) > exact.MAX_POSITION:
+        raise ValueError(f"{name} must lie within [-2**31, 2**31] for exact angles, got values in [{lo}, {hi}]")
+
+
 def check_position_range(name: str, positions: torch.Tensor) -> None:
-    """Reject positions outside ``[-2**31, 2**31]`` where exact angles are no longer guaranteed."""
+    """:func:`check_position_bounds` of a positions tensor (one read from the device; none while
+    tracing, where data-dependent checks cannot run)."""
     if positions.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(positions.min()), int(positions.max())
-        if max(-lo, hi) > exact.MAX_POSITION:
-            raise ValueError(
-                f"{name} must lie within [-2**31, 2**31] for exact angles, got values in [{lo}, {hi}]"
-            )
+        check_position_bounds(name, *position_range(positions))
 
 
 def check_position_args(positions: torch.Tensor | None, offset: object, length: int, batch: int | None) -> int:

@@ -195,7 +195,7 @@ class _HFRotaryTables(TableModule):
         if table_ok and not torch.compiler.is_compiling():
             lo, hi = position_range(position_ids)                              # one small read
             if 0 <= lo and hi < self.cos.shape[0]:
-                return torch.embedding(self.cos, position_ids).to(dtype), torch.embedding(self.sin, position_ids).to(dtype)
+                return table_rows(self.cos, position_ids, 0, 0).to(dtype), table_rows(self.sin, position_ids, 0, 0).to(dtype)
         cos, sin = self.rope.cos_sin(position_ids, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         return self._model_layout(cos).to(dtype), self._model_layout(sin).to(dtype)
 

@@ -9,7 +9,13 @@ import torch
 from posenc import _validate
 from posenc._torch.angles import exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
-from posenc._torch.checks import check_float_dtype, check_position_args, check_positions, check_qk
+from posenc._torch.checks import (
+    check_float_dtype,
+    check_position_args,
+    check_position_bounds,
+    check_positions,
+    check_qk,
+)
 from posenc._torch.rows import guard_in_table, position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
@@ -275,7 +281,7 @@ class RotaryEmbedding(TableModule):
         freqs = self._call_frequencies(rng, seq_len)
         from_table = freqs is None and self.xpos_scale_base is None and q.dtype != torch.float64 and (
             self._in_table(rng) if rng is not None else assume)
-        if not from_table and rng is None and positions is not None and not torch.compiler.is_compiling():
+        if not from_table and rng is None and positions is not None:
             rng = self._range(positions, False)              # computed exactly: the promise does not cover it
         engine = self._engine(q, k, sd, rng, freqs, from_table)
         if from_table:
@@ -382,8 +388,8 @@ class RotaryEmbedding(TableModule):
 
     def _exact(self, positions: torch.Tensor, rng, freqs, dtype: torch.dtype):
         """Exact cos/sin of ``positions`` for this call (``freqs``: the rule's, None: the table's)."""
-        if rng is not None and (rng[0] < -core_exact.MAX_POSITION or rng[1] > core_exact.MAX_POSITION):
-            raise ValueError(f"positions must lie within [-2**31, 2**31], got values in [{rng[0]}, {rng[1]}]")
+        if rng is not None:
+            check_position_bounds("positions", *rng)
         turns = self.turns if freqs is None else core_exact.turns_split(freqs)
         return exact_cos_sin(positions, turns, self.attention_factor, dtype)
 
