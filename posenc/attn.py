@@ -82,6 +82,12 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise TypeError(f"{name} must be a floating torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have shape (B, H, S, D), got {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(
+            f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}; cast them, e.g. k.to(q.dtype)"
+        )
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
     if k.shape[:3] != v.shape[:3]:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in (B, H, S_k)")
     if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
@@ -103,7 +109,7 @@ def _check_options(causal, dropout_p, scale, backend, head_dim: int) -> tuple[fl
 
 
 def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-    check_positions(name, p)
+    p = check_positions(name, p)
     if p.dim() not in (1, 2) or p.shape[-1] != length or (p.dim() == 2 and p.shape[0] not in (1, batch)):
         raise ValueError(f"{name} must have shape ({length},) or ({batch}, {length}), got {tuple(p.shape)}")
     return p
@@ -202,8 +208,9 @@ def attention(
             aligns by index from the top left, which is wrong when ``S < S_k``.)
         segment_ids: ``(B, S)`` ids of packed sequences (needs ``S == S_k``): attention stays
             inside each segment, and positions restart at 0 in each one.
-        attn_mask: extra mask broadcasting to ``(B, H, S, S_k)``: bool (True = attend) or float
-            (added to the logits).  SDPA backend only.
+        attn_mask: extra mask broadcasting to ``(B, H, S, S_k)``: bool or integer (True/nonzero =
+            attend, like the 0/1 masks of Hugging Face tokenizers) or float (added to the logits).
+            SDPA backend only.
         dropout_p: attention dropout probability (applied whenever > 0; pass 0.0 in eval).
         scale: logit scale, default ``1 / sqrt(D)``.
         seq_len: current length for length-dependent rotary rules (default: the largest key
@@ -235,6 +242,7 @@ def attention(
     _check_qkv(q, k, v)
     dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
     _check_encoding(encoding)
+    attn_mask = _attn_mask(attn_mask, q, k)
     if not isinstance(keys_rotated, bool):
         raise TypeError(f"keys_rotated must be a bool, got {keys_rotated!r}")
     offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
@@ -266,6 +274,32 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
+def _attn_mask(attn_mask: object, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """The user's mask, checked: bool or integer (nonzero = attend, as transformers' 0/1 masks) or
+    float (added to the logits), broadcasting to ``(B, H, S, S_k)``."""
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype.is_complex:
+        raise TypeError(
+            f"attn_mask must be a bool, integer or floating tensor, got {getattr(attn_mask, 'dtype', type(attn_mask))}"
+        )
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    try:
+        fits = attn_mask.dim() <= 4 and torch.broadcast_shapes(attn_mask.shape, full) == full
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, S, S_k) = {full}; "
+            f"pass e.g. (S, S_k) or (B, 1, S, S_k)"
+        )
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but q on {q.device}; move it with .to(q.device)")
+    if attn_mask.dtype.is_floating_point:
+        return attn_mask
+    return attn_mask if attn_mask.dtype == torch.bool else attn_mask != 0
+
+
 def _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask):
     """One boolean "allowed" mask, then one additive float mask if a bias or a float mask is given."""
     allowed = None
@@ -278,12 +312,10 @@ def _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask
         allowed = allowed.unsqueeze(-3)                                         # (..., 1, S, S_k)
     user_float = None
     if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError("attn_mask must be a tensor")
-        if attn_mask.dtype == torch.bool:
-            allowed = attn_mask if allowed is None else allowed & attn_mask
-        else:
+        if attn_mask.dtype.is_floating_point:
             user_float = attn_mask
+        else:
+            allowed = attn_mask if allowed is None else allowed & attn_mask
     if bias is None and user_float is None:
         mask = allowed
     else:

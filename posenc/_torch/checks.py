@@ -14,8 +14,15 @@ from posenc.core import exact
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
 def check_positions(name: str, positions: object) -> torch.Tensor:
-    """Require an integer tensor of positions with ``|p| <= 2**31``."""
+    """Require an integer tensor of positions; returns it as int32/int64.
+
+    Narrow and unsigned integer dtypes (``uint8``, ``int16``, ``uint32``, ...) are read as the
+    numbers they hold (converted to int64), never as a boolean mask.
+    """
     if not isinstance(positions, torch.Tensor):
         raise TypeError(
             f"{name} must be an integer torch.Tensor, got {type(positions).__name__}; "
@@ -26,6 +33,8 @@ def check_positions(name: str, positions: object) -> torch.Tensor:
             f"{name} must hold integers (torch.int32/int64), got dtype {positions.dtype}; "
             f"positions are indices, so build them with torch.arange or cast with .long()"
         )
+    if positions.dtype not in _INDEX_DTYPES:
+        positions = positions.long()
     return positions
 
 
@@ -43,25 +52,36 @@ def check_position_range(name: str, positions: torch.Tensor) -> None:
         check_position_bounds(name, *position_range(positions))
 
 
-def check_position_args(positions: torch.Tensor | None, offset: object, length: int, batch: int | None) -> int:
+def check_offset(offset: object) -> int:
+    """An ``offset`` is an int; while tracing it may also be a symbolic int (e.g. ``past_k.shape[2]``)."""
+    if type(offset) is int or (isinstance(offset, torch.SymInt) and torch.compiler.is_compiling()):
+        return offset
+    return _validate.check_int("offset", offset)
+
+
+def check_position_args(
+    positions: torch.Tensor | None, offset: object, length: int, batch: int | None, device: torch.device
+) -> tuple[torch.Tensor | None, int]:
     """Check the ``positions``/``offset`` pair of a call on a sequence of ``length`` tokens.
 
     ``positions`` (if given) must be integers of shape ``(S,)``, or ``(B, S)`` with ``B`` 1 or
-    ``batch`` when the input has a batch axis (``batch`` not None); it excludes a nonzero
-    ``offset``.  Returns the validated ``offset``.
+    ``batch`` when the input has a batch axis (``batch`` not None), on ``device`` (the input's); it
+    excludes a nonzero ``offset``.  Returns ``(positions, offset)``, positions as int32/int64.
     """
     if type(offset) is not int:
-        offset = _validate.check_int("offset", offset)
+        offset = check_offset(offset)
     if positions is None:
-        return offset
-    check_positions("positions", positions)
+        return None, offset
+    positions = check_positions("positions", positions)
     batched_ok = batch is not None and positions.dim() == 2 and positions.shape[0] in (1, batch)
-    if positions.shape[-1] != length or not (positions.dim() == 1 or batched_ok):
+    if positions.dim() == 0 or positions.shape[-1] != length or not (positions.dim() == 1 or batched_ok):
         allowed = "(S,)" if batch is None else f"(S,) or (B, S) with B={batch}"
         raise ValueError(f"positions must have shape {allowed}, S={length}; got {tuple(positions.shape)}")
-    if offset:
+    if positions.device != device:
+        raise ValueError(f"positions are on {positions.device} but the input on {device}; move them with .to()")
+    if not (isinstance(offset, int) and offset == 0):
         raise ValueError("pass either positions or offset, not both (add the offset to positions)")
-    return offset
+    return positions, offset
 
 
 def check_embeddings(x: object, dim: int) -> None:
@@ -77,6 +97,42 @@ def check_embeddings(x: object, dim: int) -> None:
         raise ValueError(
             f"x must have shape (B, S, {dim}) or (S, {dim}), got {tuple(x.shape)}; the last dimension must equal dim={dim}"
         )
+
+
+def check_same_device(name: str, t: torch.Tensor, other: str, device: torch.device) -> None:
+    """``t`` must be on ``device``, where ``other`` (a module's tables, ``q``) lives."""
+    if t.device != device:
+        raise ValueError(
+            f"{name} is on {t.device} but {other} on {device}; move one of them with .to() (a module built on the "
+            f"meta device needs .to_empty(device=...) and reset_buffers() first)"
+        )
+
+
+def check_inplace(name: str, t: torch.Tensor) -> None:
+    """An in-place target must not have elements sharing memory (``expand``: stride 0)."""
+    if torch._debug_has_internal_overlap(t) == 1:
+        raise ValueError(
+            f"{name} has elements that share memory (an expand()ed tensor, stride 0), so it cannot be rotated in "
+            f"place; pass {name}.contiguous() or inplace=False"
+        )
+
+
+def inplace_pair_overlaps(q: torch.Tensor, k: torch.Tensor | None) -> bool:
+    """Check in-place targets ``q`` and ``k``; whether they may share memory (e.g. views of one fused
+    QKV buffer), in which case the caller rotates out of place and copies back.
+
+    ``q`` and ``k`` being the very same tensor is refused: rotating it "twice in place" has no
+    meaning (pass ``k=None`` to rotate it once).  Nothing is checked while tracing.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    check_inplace("q", q)
+    if k is None:
+        return False
+    check_inplace("k", k)
+    if q.data_ptr() == k.data_ptr() and q.shape == k.shape and q.stride() == k.stride():
+        raise ValueError("q and k are the same tensor: rotating both in place would rotate it twice; pass k=None")
+    return torch._C._overlaps(q, k)
 
 
 def check_float_dtype(name: str, dtype: object) -> torch.dtype:
@@ -134,6 +190,8 @@ def check_qk(q: object, k: object, seq_dim: object, rotary_dim: int | None = Non
     if k is not None:
         if not (isinstance(k, torch.Tensor) and k.dtype.is_floating_point):
             check_float_tensor("k", k)
+        if k.device != q.device:
+            check_same_device("k", k, "q", q.device)
         if k.dim() != nd or k.shape[sd] != q.shape[sd] or k.shape[0] != q.shape[0]:
             raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in rank, batch and sequence length")
         if rotary_dim is not None and k.shape[-1] < rotary_dim:

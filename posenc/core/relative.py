@@ -42,13 +42,17 @@ def check_bucket_args(num_buckets: int, max_distance: int, bidirectional: bool) 
     return num_buckets, max_distance, bidirectional
 
 
-@functools.lru_cache(maxsize=64)
 def thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, tuple[int, ...]]:
     """``(per_side, max_exact, thr)``: ``n >= max_exact`` lands in ``max_exact + #{t in thr: t <= n}``.
 
-    ``thr[k - 1]`` is the smallest ``n`` whose logarithmic bucket offset is at least ``k``.
+    ``thr[k - 1]`` is the smallest ``n`` whose logarithmic bucket offset is at least ``k``.  The
+    arguments are validated on every call (the cache below would let ``32.0`` pass as ``32``).
     """
-    num_buckets, max_distance, bidirectional = check_bucket_args(num_buckets, max_distance, bidirectional)
+    return _thresholds(*check_bucket_args(num_buckets, max_distance, bidirectional))
+
+
+@functools.lru_cache(maxsize=64)
+def _thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, tuple[int, ...]]:
     per_side = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_side // 2
     span = per_side - max_exact

@@ -9,6 +9,8 @@ from posenc.core import relative as core_relative
 
 __all__ = ["relative_distances", "relative_position_bucket"]
 
+_FAR = 2**62
+
 
 def relative_distances(positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
     """``q_i - k_j`` as int64: ``(S, S_k)`` for 1-D positions, ``(B, S, S_k)`` if either is ``(B, ...)``."""
@@ -49,8 +51,8 @@ def relative_position_bucket(
         tensor([15, 10,  8,  7,  1,  0, 17, 23, 24, 26, 31, 31])
     """
     per_side, max_exact, thr = core_relative.thresholds(num_buckets, max_distance, bidirectional)
-    check_positions("relative_position", relative_position)
-    rp = relative_position.long()
+    # distances past +-2**62 share the last bucket anyway; clamping keeps |rp| representable
+    rp = check_positions("relative_position", relative_position).long().clamp(-_FAR, _FAR)
     if bidirectional:
         offset = (rp > 0).long() * per_side
         n = rp.abs()

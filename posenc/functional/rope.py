@@ -19,6 +19,8 @@ inputs) and rounds once to the input dtype.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from posenc import _validate
@@ -33,10 +35,13 @@ from posenc._torch.backend import (
 from posenc._torch.checks import (
     check_float_dtype,
     check_float_tensor,
+    check_inplace,
     check_position_args,
     check_position_range,
     check_positions,
     check_qk,
+    check_same_device,
+    inplace_pair_overlaps,
 )
 from posenc._torch.rows import guard_in_table, out_of_table, position_range
 from posenc.core import exact as core_exact
@@ -109,13 +114,16 @@ def rope_cos_sin(
         >>> cos.squeeze(-1), sin.squeeze(-1)
         (tensor([ 1.0000,  0.5403, -0.4161]), tensor([0.0000, 0.8415, 0.9093]))
     """
-    check_positions("positions", positions)
+    positions = check_positions("positions", positions)
     check_position_range("positions", positions)
-    if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1:
-        raise TypeError(f"inv_freq must be a 1-D tensor of frequencies (dim/2,), got {inv_freq!r:.80}")
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1 or not inv_freq.dtype.is_floating_point:
+        raise TypeError(f"inv_freq must be a 1-D floating tensor of frequencies (dim/2,), got {inv_freq!r:.80}")
+    freqs = tuple(float(f) for f in inv_freq.detach().double().cpu())
+    if not all(map(math.isfinite, freqs)):
+        raise ValueError(f"inv_freq must be finite, got {inv_freq!r:.80}")
     attention_factor = _validate.check_float("attention_factor", attention_factor, minimum=0.0)
     check_float_dtype("dtype", dtype)
-    turns = core_exact.turns_split(tuple(float(f) for f in inv_freq.detach().double().cpu()))
+    turns = core_exact.turns_split(freqs)
     return exact_cos_sin(positions, turns, attention_factor, dtype)
 
 
@@ -186,6 +194,10 @@ def _check_rope_args(x: object, cos: object, sin: object, layout: object) -> int
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     h = cos.shape[-1]
+    if not h:
+        raise ValueError(f"cos and sin must hold at least one frequency (..., d/2 >= 1), got shape {tuple(cos.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_same_device(name, t, "x", x.device)
     if 2 * h > x.shape[-1]:
         raise ValueError(
             f"the rotary dim 2 * cos.shape[-1] = {2 * h} exceeds x's feature dim {x.shape[-1]}; "
@@ -254,6 +266,10 @@ def apply_rope(
     """
     h = _check_rope_args(x, cos, sin, layout)
     backend = check_rope_backend(backend)
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool, got {inplace!r}")
+    if inplace and not torch.compiler.is_compiling():
+        check_inplace("x", x)
     engine = "torch"
     if backend != "torch":
         seq_dim = _shared_rows_axis(x, cos, h)
@@ -314,19 +330,28 @@ def apply_rope_qk(
         ``(q_rotated, k_rotated)`` (``k_rotated`` is None when ``k`` is None).
     """
     sd = check_qk(q, k, seq_dim, _table_rotary_dim(cos, sin))
+    if cos.device != q.device or sin.device != q.device:
+        check_same_device("cos" if cos.device != q.device else "sin", cos if cos.device != q.device else sin, "q",
+                          q.device)
     if layout not in ROPE_LAYOUTS:
         _validate.check_choice("layout", layout, ROPE_LAYOUTS)
     if backend not in ROPE_BACKENDS:
         check_rope_backend(backend)
     if not isinstance(assume_in_table, bool):
         raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool, got {inplace!r}")
     seq_len = q.shape[sd]
-    offset = check_position_args(positions, offset, seq_len, q.shape[0] if sd > 0 else None)
+    positions, offset = check_position_args(positions, offset, seq_len, q.shape[0] if sd > 0 else None, q.device)
     _check_in_table(positions, offset, seq_len, cos.shape[0], assume_in_table)
     why = None
     if kernel_possible(backend, q):
         why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
     engine = rope_engine(resolve_rope_backend(backend, q, why))
+    if inplace and inplace_pair_overlaps(q, k):                         # views of one buffer: rotate, then copy
+        qr, kr = engine(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd,
+                        inplace=False)
+        return q.copy_(qr), k.copy_(kr)
     return engine(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd, inplace=inplace)
 
 
@@ -335,8 +360,11 @@ def _table_rotary_dim(cos: object, sin: object) -> int:
     for name, t in (("cos", cos), ("sin", sin)):
         if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point):
             check_float_tensor(name, t)
-    if cos.dim() != 2 or cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must be (P, d/2) tables of one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dim() != 2 or cos.shape != sin.shape or not cos.shape[-1]:
+        raise ValueError(
+            f"cos and sin must be (P, d/2) tables of one shape with d/2 >= 1, got {tuple(cos.shape)} and "
+            f"{tuple(sin.shape)}"
+        )
     return 2 * cos.shape[-1]
 
 

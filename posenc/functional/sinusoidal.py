@@ -59,7 +59,7 @@ def sinusoidal_encoding(
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.5.
     """
     dim, base = _check_args(dim, base, layout, dtype)
-    check_positions("positions", positions)
+    positions = check_positions("positions", positions)
     check_position_range("positions", positions)
     s, c = exact_sin_cos(positions, core_sinusoidal.turns(dim, base, layout))
     return core_sinusoidal.assemble(s, c, dim, layout, xp=torch).to(dtype)

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc._torch.checks import check_embeddings, check_position_args
+from posenc._torch.checks import check_embeddings, check_position_args, check_same_device
+from posenc._torch.rows import position_range
 from posenc.core.sinusoidal import check_learned_args
 from posenc.functional.sinusoidal import sinusoidal_table
 
@@ -73,17 +74,20 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
         """Return ``x + weight[positions]`` (``positions`` default ``offset + arange(S)``)."""
         check_embeddings(x, self.dim)
+        check_same_device("x", x, "the weight", self.weight.device)
         seq_len = x.shape[-2]
-        offset = check_position_args(positions, offset, seq_len, x.shape[0] if x.dim() == 3 else None)
+        positions, offset = check_position_args(positions, offset, seq_len, x.shape[0] if x.dim() == 3 else None, x.device)
         if positions is None:
             if offset < 0 or offset + seq_len > self.num_positions:
                 raise ValueError(
                     f"positions {offset}..{offset + seq_len - 1} exceed the learned table: num_positions="
                     f"{self.num_positions}; build the module with num_positions >= {offset + seq_len}"
                 )
-            return x + self.weight[offset : offset + seq_len].to(x.dtype)
-        if positions.numel() and not torch.compiler.is_compiling():
-            lo, hi = int(positions.min()), int(positions.max())
+            if self.padding_idx is None or not offset <= self.padding_idx < offset + seq_len:
+                return x + self.weight[offset : offset + seq_len].to(x.dtype)
+            positions = torch.arange(offset, offset + seq_len, device=self.weight.device)   # keeps padding out of training
+        elif positions.numel() and not torch.compiler.is_compiling():
+            lo, hi = position_range(positions)
             if lo < 0 or hi >= self.num_positions:
                 raise ValueError(
                     f"positions must lie in [0, num_positions={self.num_positions}), got values in [{lo}, {hi}]; "

@@ -15,6 +15,8 @@ from posenc._torch.checks import (
     check_position_bounds,
     check_positions,
     check_qk,
+    check_same_device,
+    inplace_pair_overlaps,
 )
 from posenc._torch.rows import guard_in_table, position_range, table_rows
 from posenc._torch.tables import TableModule
@@ -202,7 +204,7 @@ class RotaryEmbedding(TableModule):
         self, positions: torch.Tensor, *, seq_len: int | None = None, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` of shape ``positions.shape + (dim/2,)``, attention factor included."""
-        check_positions("positions", positions)
+        positions = check_positions("positions", positions)
         check_float_dtype("dtype", dtype)
         if seq_len is not None:
             seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
@@ -269,12 +271,19 @@ class RotaryEmbedding(TableModule):
 
     def _rotate_checked(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key):
         """Validate the positions once, decide tables or exact rows and the engine once, rotate."""
+        if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
+            qr, kr = self._rotate_checked(q, k, sd, positions, offset, seq_len, assume, False, q_is_key)
+            return q.copy_(qr), k.copy_(kr)
         length = q.shape[sd]
-        offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None)
+        if q.device != self.packed_table.device:
+            check_same_device("q", q, "the tables", self.packed_table.device)
+        positions, offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None, q.device)
         if seq_len is not None:
             seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
         if not isinstance(assume, bool):
             raise TypeError(f"assume_in_table must be a bool, got {assume!r}")
+        if not isinstance(inplace, bool):
+            raise TypeError(f"inplace must be a bool, got {inplace!r}")
         if not length:
             return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
         rng = (offset, offset + length - 1) if positions is None else self._range(positions, assume)

@@ -7,7 +7,14 @@ import torch.nn.functional as F
 
 from posenc import _validate
 from posenc._torch.angles import exact_sin_cos
-from posenc._torch.checks import check_embeddings, check_position_args
+from posenc._torch.checks import (
+    check_embeddings,
+    check_inplace,
+    check_position_args,
+    check_position_bounds,
+    check_same_device,
+)
+from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import sinusoidal as core_sinusoidal
 
@@ -120,6 +127,8 @@ class SinusoidalEncoding(TableModule):
         offset = _validate.check_int("offset", offset)
         if 0 <= offset and offset + length <= self.max_seq_len:
             return self.table_main[offset : offset + length]
+        if length:
+            check_position_bounds("positions", offset, offset + length - 1)
         positions = torch.arange(offset, offset + length, device=self.table_main.device)
         return self._exact(positions).to(self.table_main.dtype)
 
@@ -128,13 +137,19 @@ class SinusoidalEncoding(TableModule):
         seq_len = x.shape[-2]
         table = self.table_main if x.dtype == self.table_main.dtype else getattr(self, _HALF.get(x.dtype, ""), None)
         if positions is None:
-            if table is not None and 0 <= offset and offset + seq_len <= self.max_seq_len:
-                return table[offset : offset + seq_len]                        # (S, D) view
+            # a symbolic length or offset (torch.export, dynamic shapes) is computed exactly: no
+            # guard on the table's size, so an exported module takes any length, as eager mode does
+            if type(offset) is int and type(seq_len) is int and seq_len:
+                lo, hi = offset, offset + seq_len - 1
+                check_position_bounds("positions", lo, hi)
+                if table is not None and 0 <= lo and hi < self.max_seq_len:
+                    return table[offset : offset + seq_len]                    # (S, D) view
             positions = torch.arange(offset, offset + seq_len, device=x.device)
-        elif table is not None and not torch.compiler.is_compiling() and positions.numel() and (
-            0 <= int(positions.min()) and int(positions.max()) < self.max_seq_len
-        ):
-            return table[positions]                                            # (..., S, D) gather
+        elif positions.numel() and not torch.compiler.is_compiling():
+            lo, hi = position_range(positions)                                 # one read
+            check_position_bounds("positions", lo, hi)
+            if table is not None and 0 <= lo and hi < self.max_seq_len:
+                return table_rows(table, positions, 0, 0)                      # (..., S, D) gather
         return self._exact(positions).to(x.dtype)
 
     def forward(
@@ -156,7 +171,12 @@ class SinusoidalEncoding(TableModule):
                 ``x`` not to be a leaf that requires grad.
         """
         check_embeddings(x, self.dim)
-        offset = check_position_args(positions, offset, x.shape[-2], x.shape[0] if x.dim() == 3 else None)
+        check_same_device("x", x, "the tables", self.table_main.device)
+        positions, offset = check_position_args(positions, offset, x.shape[-2], x.shape[0] if x.dim() == 3 else None, x.device)
+        if not isinstance(inplace, bool):
+            raise TypeError(f"inplace must be a bool, got {inplace!r}")
+        if inplace and not torch.compiler.is_compiling():
+            check_inplace("x", x)
         pe = self._encoding(x, positions, offset)
         grad_path = torch.is_grad_enabled() and x.requires_grad
         if inplace:
