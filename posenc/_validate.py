@@ -27,7 +27,7 @@ def check_float(name: str, value: Any, *, positive: bool = False, minimum: float
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     value = float(value)
-    if not math.isfinite(value):
+    if not -math.inf < value < math.inf:                 # (comparisons: traceable, unlike math.isfinite)
         raise ValueError(f"{name} must be finite, got {value}")
     if positive and value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}; pass a positive number")

@@ -33,3 +33,16 @@ def exact_cos_sin(positions: torch.Tensor, turns, attention_factor: float, dtype
     if attention_factor != 1.0:
         c, s = c * attention_factor, s * attention_factor
     return c.to(dtype), s.to(dtype)
+
+
+def float64_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, attention_factor: float, dtype: torch.dtype):
+    """``(cos, sin)`` of ``positions (...) * freqs (h,)`` in plain float64 (not split: within a few
+    float64 ulps of the angle), times ``attention_factor``, rounded to ``dtype``.  For frequencies
+    that exist only inside a traced graph."""
+    with torch.autocast(device_type=positions.device.type, enabled=False):
+        angles = positions.to(torch.float64).unsqueeze(-1) * freqs
+        c, s = torch.cos(angles), torch.sin(angles)
+        if attention_factor != 1.0:
+            c, s = c * attention_factor, s * attention_factor
+        return c.to(dtype), s.to(dtype)
+

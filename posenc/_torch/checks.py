@@ -59,6 +59,19 @@ def check_offset(offset: object) -> int:
     return _validate.check_int("offset", offset)
 
 
+def check_seq_len(seq_len: object) -> object:
+    """``seq_len`` of a length-dependent rule: None or an int >= 1; while tracing also a symbolic
+    int or a 0-d integer tensor (a length known only at run time)."""
+    if seq_len is None or type(seq_len) is int and seq_len >= 1:
+        return seq_len
+    if torch.compiler.is_compiling() and (
+        isinstance(seq_len, torch.SymInt)
+        or isinstance(seq_len, torch.Tensor) and seq_len.dim() == 0 and not seq_len.dtype.is_floating_point
+    ):
+        return seq_len
+    return _validate.check_int("seq_len", seq_len, minimum=1)
+
+
 def check_position_args(
     positions: torch.Tensor | None, offset: object, length: int, batch: int | None, device: torch.device
 ) -> tuple[torch.Tensor | None, int]:

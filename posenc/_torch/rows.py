@@ -9,6 +9,7 @@ instead: no path reads outside a table.
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 #: Up to this many positions are read back whole (one small transfer, no reduction: decode steps).
 _READ_WHOLE = 64
@@ -21,6 +22,16 @@ def position_range(positions: torch.Tensor) -> tuple[int, int]:
         return min(values), max(values)
     lo, hi = torch.stack(torch.aminmax(positions)).tolist()              # one reduction, one transfer
     return lo, hi
+
+
+def provably_in_table(offset, length, rows: int) -> bool:
+    """Whether positions ``offset .. offset + length - 1`` lie in ``[0, rows)`` for sure.
+
+    For tracing: static shapes give a plain answer; symbolic ones (dynamic shapes, ``torch.export``)
+    give False unless their constraints prove it, and never add a guard, so one graph serves
+    every length (the caller computes such positions instead of reading a table).
+    """
+    return statically_known_true(offset >= 0) and statically_known_true(offset + length <= rows)
 
 
 def out_of_table(name: str, lo: int, hi: int, rows: int, fix: str) -> ValueError:

@@ -11,14 +11,14 @@ Transformer" (JMLR), section 2.1, as implemented in Mesh TensorFlow and Hugging 
   (buckets - max_exact))``, capped at ``buckets - 1``.
 
 posenc turns the logarithmic part into exact integer thresholds (the smallest ``n`` of each bucket),
-computed here once in 50-digit arithmetic, so the torch side buckets with an exact search instead
-of a float32 logarithm.
+found here in integer arithmetic, so the torch side buckets with an exact search instead of a
+float32 logarithm.
 """
 
 from __future__ import annotations
 
-import decimal
 import functools
+import math
 
 from posenc import _validate
 
@@ -57,15 +57,18 @@ def _thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tup
     max_exact = per_side // 2
     span = per_side - max_exact
     out = []
-    with decimal.localcontext() as ctx:
-        ctx.prec = 50
-        ratio = decimal.Decimal(max_distance) / max_exact
-        for k in range(1, span):
-            # smallest n with ln(n / max_exact) / ln(ratio) * span >= k  <=>  n >= max_exact * ratio^(k / span)
-            value = max_exact * (ratio.ln() * k / span).exp()
-            nearest = value.to_integral_value(rounding=decimal.ROUND_HALF_EVEN)
-            n = int(nearest) if abs(value - nearest) < decimal.Decimal("1e-30") else int(value.to_integral_value(rounding=decimal.ROUND_CEILING))
-            out.append(max(n, max_exact))
+    for k in range(1, span):
+        # smallest n with ln(n / max_exact) / ln(max_distance / max_exact) * span >= k, that is
+        # (n / max_exact)^span >= (max_distance / max_exact)^k: exact in integers
+        def reaches(n: int, k: int = k) -> bool:
+            return n**span * max_exact**k >= max_exact**span * max_distance**k
+
+        n = max(max_exact, math.floor(max_exact * (max_distance / max_exact) ** (k / span)) - 1)   # a guess below
+        while not reaches(n):
+            n += 1
+        while n > max_exact and reaches(n - 1):
+            n -= 1
+        out.append(n)
     return per_side, max_exact, tuple(out)
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import decimal
 import functools
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -72,6 +72,14 @@ class RopeScaling:
     def attention_factor(self) -> float:
         """Factor applied to cos and sin (1.0 unless the rule defines one)."""
         return 1.0
+
+    def frequencies_past(self, dim: int, base: float, length: Any, xp: Any) -> Any:
+        """Float64 frequencies ``(dim/2,)`` for a sequence ``length > original_max_seq_len`` given as a
+        0-d array of namespace ``xp`` (NumPy or torch), so that a traced graph follows a length known
+        only at run time.  None when they do not depend on the length past the original context
+        (then ``frequencies(dim, base, original_max_seq_len + 1)`` holds).  Length-dependent rules only.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not depend on the sequence length")
 
     def _frequencies(self, dim: int, base: float, seq_len: int | None) -> tuple[decimal.Decimal, ...]:
         raise NotImplementedError
@@ -166,6 +174,17 @@ class DynamicNTKScaling(RopeScaling):
         stretch = f * _D(length) / _D(self.original_max_seq_len) - (f - 1)
         new_base = _D(base) * _pow(stretch, d / (d - 2))
         return tuple(_pow(new_base, -_D(2 * i) / d) for i in range(dim // 2))
+
+    def frequencies_past(self, dim, base, length, xp):
+        """The same formula in float64 on an array ``length`` (within a few float64 ulps)."""
+        if dim <= 2:
+            raise ValueError(f"DynamicNTKScaling needs dim > 2 (the exponent is d/(d-2)), got dim={dim}")
+        stretch = self.factor * length / self.original_max_seq_len - (self.factor - 1)
+        log_base = math.log(base) + dim / (dim - 2) * xp.log(stretch)
+        exponents = xp.arange(0, dim, 2, dtype=xp.float64) / dim
+        if xp is not np:
+            exponents = exponents.to(log_base.device)
+        return xp.exp(-exponents * log_base)
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -331,6 +350,10 @@ class LongRopeScaling(RopeScaling):
             )
         ext = self.long_factor if seq_len is not None and seq_len > self.original_max_seq_len else self.short_factor
         return tuple(t / _D(e) for t, e in zip(default_frequencies(dim, base), ext, strict=True))
+
+    def frequencies_past(self, dim, base, length, xp):
+        """None: past the original context the long factors hold whatever the length."""
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

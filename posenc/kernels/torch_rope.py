@@ -278,8 +278,9 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     seq_len = q.shape[seq_dim]
     nd = q.dim()
     if packed is not None:
-        if (q.numel() <= BLOCK and q.dtype != torch.float64 and (k is None or (k.numel() <= BLOCK and k.dtype == q.dtype))
-                and not _needs_reference(q, k, packed, packed)):
+        # (the reference test first: while tracing, no size test may become a guard on the shapes)
+        if not _needs_reference(q, k, packed, packed) and q.numel() <= BLOCK and q.dtype != torch.float64 and (
+                k is None or (k.numel() <= BLOCK and k.dtype == q.dtype)):
             return _rotate_small_packed(q, k, packed, positions, offset, seq_len, seq_dim, layout, inplace)
         cos, sin = unpack_tables(packed, layout)
     c = table_rows(cos, positions, offset, seq_len)

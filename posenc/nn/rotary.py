@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from posenc import _validate
-from posenc._torch.angles import exact_cos_sin, working_dtype
+from posenc._torch.angles import exact_cos_sin, float64_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
@@ -16,9 +16,10 @@ from posenc._torch.checks import (
     check_positions,
     check_qk,
     check_same_device,
+    check_seq_len,
     inplace_pair_overlaps,
 )
-from posenc._torch.rows import guard_in_table, position_range, table_rows
+from posenc._torch.rows import guard_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
@@ -101,7 +102,7 @@ class RotaryEmbedding(TableModule):
         Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv:2104.09864.
     """
 
-    _table_buffers = ("inv_freq_table", "turns", "packed_table")
+    _table_buffers = ("inv_freq_table", "turns", "past_turns", "packed_table")
     _ignored_state_keys = (
         "inv_freq", "cos_cached", "sin_cached", "_cos_cached", "_sin_cached", "freqs", "freqs_cis", "cache", "theta",
         "original_inv_freq",
@@ -138,6 +139,9 @@ class RotaryEmbedding(TableModule):
         h = self.dim // 2
         self.register_buffer("inv_freq_table", torch.empty(h, device=device, dtype=torch.float64), persistent=False)
         self.register_buffer("turns", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
+        # length-dependent rules: the frequencies just past the original context, for traced graphs
+        past = 0 if not self._length_dependent else h
+        self.register_buffer("past_turns", torch.empty(4, past, device=device, dtype=torch.float64), persistent=False)
         # cos/sin rows packed as the torch engine reads them (cos_table and sin_table are views):
         # [cos | cos | -sin | sin] for "half", (cos, sin) pairs for "interleaved"
         width = 4 * h if self.layout == "half" else 2 * h
@@ -176,6 +180,9 @@ class RotaryEmbedding(TableModule):
         with torch.no_grad():
             self.inv_freq_table.copy_(torch.tensor([float(f) for f in self._freqs], dtype=torch.float64))
             self.turns.copy_(torch.from_numpy(core_exact.turns_split(self._freqs).copy()))
+            if self._length_dependent:
+                past = core_rope.frequencies(self.dim, self.base, self.scaling, self.scaling.original_max_seq_len + 1)
+                self.past_turns.copy_(torch.from_numpy(core_exact.turns_split(past).copy()))
             c, s = exact_cos_sin(torch.arange(self.max_seq_len, device=device), self.turns, self.attention_factor,
                                  torch.float64)
             self.packed_table.copy_(pack_tables(c, s, self.layout))           # one rounding
@@ -206,9 +213,12 @@ class RotaryEmbedding(TableModule):
         """``(cos, sin)`` of shape ``positions.shape + (dim/2,)``, attention factor included."""
         positions = check_positions("positions", positions)
         check_float_dtype("dtype", dtype)
-        if seq_len is not None:
-            seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
+        seq_len = check_seq_len(seq_len)
         rng = self._range(positions, False)
+        if rng is not None:
+            check_position_bounds("positions", *rng)
+        if self._length_dependent and torch.compiler.is_compiling():
+            return self._traced_rule_cos_sin(positions, rng, seq_len, dtype)
         freqs = self._call_frequencies(rng, seq_len)
         if freqs is None and dtype == torch.float32 and self._in_table(rng):
             return table_rows(self.cos_table, positions, 0, 0), table_rows(self.sin_table, positions, 0, 0)
@@ -278,29 +288,44 @@ class RotaryEmbedding(TableModule):
         if q.device != self.packed_table.device:
             check_same_device("q", q, "the tables", self.packed_table.device)
         positions, offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None, q.device)
-        if seq_len is not None:
-            seq_len = _validate.check_int("seq_len", seq_len, minimum=1)
+        seq_len = check_seq_len(seq_len)
         if not isinstance(assume, bool):
             raise TypeError(f"assume_in_table must be a bool, got {assume!r}")
         if not isinstance(inplace, bool):
             raise TypeError(f"inplace must be a bool, got {inplace!r}")
-        if not length:
+        tracing = torch.compiler.is_compiling()
+        if not tracing and not length:
             return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
-        rng = (offset, offset + length - 1) if positions is None else self._range(positions, assume)
-        freqs = self._call_frequencies(rng, seq_len)
-        from_table = freqs is None and self.xpos_scale_base is None and q.dtype != torch.float64 and (
-            self._in_table(rng) if rng is not None else assume)
+        known_in_table = False
+        if positions is None:
+            # while tracing, the range is not read on the host: a table read only where static
+            # shapes prove it in range, else computed exactly below, with no guard on the shapes,
+            # so one graph (torch.export, dynamic=True) takes every length as eager mode does
+            rng = None if tracing else (offset, offset + length - 1)
+            known_in_table = tracing and provably_in_table(offset, length, self.max_seq_len)
+            if seq_len is None and self._length_dependent:
+                seq_len = offset + length
+        else:
+            rng = self._range(positions, assume)
+        traced_rule = self._length_dependent and tracing
+        freqs = None if traced_rule else self._call_frequencies(rng, seq_len)
+        own_freqs = traced_rule or freqs is not None
+        from_table = not own_freqs and self.xpos_scale_base is None and q.dtype != torch.float64 and (
+            self._in_table(rng) if rng is not None else known_in_table or assume and positions is not None)
         if not from_table and rng is None and positions is not None:
             rng = self._range(positions, False)              # computed exactly: the promise does not cover it
-        engine = self._engine(q, k, sd, rng, freqs, from_table)
+        engine = self._engine(q, k, sd, rng, own_freqs, from_table)
         if from_table:
-            if rng is None and torch.compiler.is_compiling():
+            if rng is None and tracing and positions is not None:
                 guard_in_table("positions", positions, self.max_seq_len)
             return engine(q, k, cos=None, sin=None, positions=positions, offset=offset, layout=self.layout, seq_dim=sd,
                           inplace=inplace, packed=self.packed_table)
         if positions is None:
             positions = torch.arange(offset, offset + length, device=q.device)
-        cos, sin = self._exact(positions, rng, freqs, working_dtype(q.dtype))       # (S, h) or (B, S, h)
+        if traced_rule:
+            cos, sin = self._traced_rule_cos_sin(positions, rng, seq_len, working_dtype(q.dtype))
+        else:
+            cos, sin = self._exact(positions, rng, freqs, working_dtype(q.dtype))   # (S, h) or (B, S, h)
         if self.xpos_scale_base is None:
             return self._rotate_rows(engine, q, k, sd, positions, cos, sin, inplace)
         scale = self._xpos_scale(positions, rng)                                     # float64, like cos
@@ -322,7 +347,7 @@ class RotaryEmbedding(TableModule):
         return engine(q, k, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
                       layout=self.layout, seq_dim=sd, inplace=inplace)
 
-    def _engine(self, q, k, sd, rng, freqs, from_table):
+    def _engine(self, q, k, sd, rng, own_freqs, from_table):
         """The engine for this call, decided once (no device reads)."""
         if not kernel_possible(self.backend, q):
             return rope_engine("torch")
@@ -330,7 +355,7 @@ class RotaryEmbedding(TableModule):
         if why is None:
             if self.xpos_scale_base is not None:
                 why = "xPos scales are applied by the torch engine"
-            elif freqs is not None:
+            elif own_freqs:
                 why = "the rule's frequencies for this length differ from the table's"
             elif rng is not None and not from_table:
                 why = (f"positions [{rng[0]}, {rng[1]}] go past the table of {self.max_seq_len} rows (the torch "
@@ -351,6 +376,8 @@ class RotaryEmbedding(TableModule):
         if seq_len is None and self._length_dependent:
             if k_offset is not None:
                 seq_len = k_offset + key_positions.shape[-1]
+            elif torch.compiler.is_compiling():
+                seq_len = key_positions.max() + 1                                    # in the graph
             else:
                 rng = self._range(key_positions, assume_in_table)                    # one read, when needed
                 seq_len = None if rng is None else rng[1] + 1
@@ -394,6 +421,32 @@ class RotaryEmbedding(TableModule):
             seq_len = rng[1] + 1
         freqs = self.scaling.frequencies(self.dim, self.base, seq_len)
         return None if freqs == self._freqs else freqs
+
+    def _traced_rule_cos_sin(self, positions: torch.Tensor, rng, seq_len, dtype: torch.dtype):
+        """cos/sin of a length-dependent rule while tracing, where decimal arithmetic cannot run.
+
+        The length (``seq_len``, else the largest position + 1) is compared with the original
+        context inside the graph, so one graph serves every length: within the context, the exact
+        table frequencies; past it, the rule's frequencies for that length (LongRoPE's long factors
+        exactly; dynamic NTK's formula in float64, which agrees with eager mode to about one
+        float32 ulp).
+        """
+        if seq_len is None and rng is not None:
+            seq_len = rng[1] + 1
+        if seq_len is None:
+            seq_len = positions.max() + 1
+        if isinstance(seq_len, torch.Tensor):
+            length = seq_len.to(torch.float64)
+        else:                                                   # an int or a symbolic int: no specialisation
+            length = torch.full((), seq_len, dtype=torch.float64, device=positions.device)
+        c_in, s_in = exact_cos_sin(positions, self.turns, self.attention_factor, dtype)
+        past = self.scaling.frequencies_past(self.dim, self.base, length, torch)
+        if past is None:
+            c_out, s_out = exact_cos_sin(positions, self.past_turns, self.attention_factor, dtype)
+        else:
+            c_out, s_out = float64_cos_sin(positions, past, self.attention_factor, dtype)
+        beyond = length > self.scaling.original_max_seq_len
+        return torch.where(beyond, c_out, c_in), torch.where(beyond, s_out, s_in)
 
     def _exact(self, positions: torch.Tensor, rng, freqs, dtype: torch.dtype):
         """Exact cos/sin of ``positions`` for this call (``freqs``: the rule's, None: the table's)."""

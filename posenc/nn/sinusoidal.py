@@ -14,7 +14,7 @@ from posenc._torch.checks import (
     check_position_bounds,
     check_same_device,
 )
-from posenc._torch.rows import position_range, table_rows
+from posenc._torch.rows import position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import sinusoidal as core_sinusoidal
 
@@ -137,12 +137,13 @@ class SinusoidalEncoding(TableModule):
         seq_len = x.shape[-2]
         table = self.table_main if x.dtype == self.table_main.dtype else getattr(self, _HALF.get(x.dtype, ""), None)
         if positions is None:
-            # a symbolic length or offset (torch.export, dynamic shapes) is computed exactly: no
-            # guard on the table's size, so an exported module takes any length, as eager mode does
-            if type(offset) is int and type(seq_len) is int and seq_len:
-                lo, hi = offset, offset + seq_len - 1
-                check_position_bounds("positions", lo, hi)
-                if table is not None and 0 <= lo and hi < self.max_seq_len:
+            if torch.compiler.is_compiling():
+                # no guard on symbolic shapes: an exported module takes any length, as eager mode does
+                if table is not None and provably_in_table(offset, seq_len, self.max_seq_len):
+                    return table[offset : offset + seq_len]
+            elif seq_len:
+                check_position_bounds("positions", offset, offset + seq_len - 1)
+                if table is not None and 0 <= offset and offset + seq_len <= self.max_seq_len:
                     return table[offset : offset + seq_len]                    # (S, D) view
             positions = torch.arange(offset, offset + seq_len, device=x.device)
         elif positions.numel() and not torch.compiler.is_compiling():
