@@ -333,8 +333,16 @@ def _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask
 _FLEX_BLOCK = 128
 
 
+def _padded_length(n: int) -> int:
+    """``n`` rounded up to a shape class: 128 times a power of two.  Compiled flex_attention
+    compiles once per class (a decode of 100k tokens sees 11), and the block mask skips the padded
+    key blocks, so the padding costs little."""
+    blocks = -(-n // _FLEX_BLOCK)
+    return _FLEX_BLOCK * (1 << (blocks - 1).bit_length())
+
+
 def _pad_to_block(t: torch.Tensor, dim: int, value=0) -> torch.Tensor:
-    extra = -t.shape[dim] % _FLEX_BLOCK
+    extra = _padded_length(t.shape[dim]) - t.shape[dim]
     if not extra:
         return t
     pad = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, extra]
@@ -344,9 +352,11 @@ def _pad_to_block(t: torch.Tensor, dim: int, value=0) -> torch.Tensor:
 def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding):
     """flex_attention path: biases as score_mod, masks as a block mask; nothing of size (S, S_k).
 
-    Lengths are padded to multiples of flex's 128-wide blocks: torch 2.13's CPU kernel gave wrong
-    results (and NaN) for some unaligned lengths (e.g. S = 40 with D = 16) and never for aligned
-    ones in our tests.  Padded keys are masked out; padded queries see key 0 and are dropped.
+    Lengths are padded to multiples of flex's 128-wide blocks (torch 2.13's CPU kernel gave wrong
+    results, and NaN, for some unaligned lengths such as S = 40 with D = 16, never for aligned
+    ones in our tests), in shape classes of 128 times a power of two, so that decoding step by
+    step compiles once per class, not once per step.  Padded keys are masked out; padded queries
+    see key 0 and are dropped.
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -358,14 +368,18 @@ def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scal
     seg = None if segment_ids is None else _pad_to_block(segment_ids, -1)
     Sp, Skp = q.shape[2], k.shape[2]
     score_mod = None if encoding is None else encoding.attention_score_mod(qpos, kpos, num_heads=H)
+    # The masks read tensors, never the lengths as Python ints: compiled flex_attention guards on
+    # the ints a mask captures, and a decode step's key length changes at every step.
+    real_key = _pad_to_block(torch.ones(S_k, dtype=torch.bool, device=q.device), 0, value=False)   # (Skp,)
+    padded_query = _pad_to_block(torch.zeros(S, dtype=torch.bool, device=q.device), 0, value=True)  # (Sp,)
 
     def mask_mod(b, h, qi, ki):
-        ok = ki < S_k
+        ok = real_key[ki]
         if causal:
             ok = ok & (kpos[b, ki] <= qpos[b, qi])
         if seg is not None:
             ok = ok & (seg[b, qi] == seg[b, ki])
-        return ok | ((qi >= S) & (ki == 0))                                      # padded queries: key 0
+        return ok | (padded_query[qi] & (ki == 0))                               # padded queries: key 0
     block_mask = None
     if causal or seg is not None or Skp != S_k or Sp != S:
         block_mask = create_block_mask(mask_mod, B, None, Sp, Skp, device=q.device)

@@ -93,15 +93,18 @@ class RelativePositionBias(nn.Module):
                 "compile a score_mod over trainable tensors here); train with backend='sdpa', or run flex under "
                 "torch.no_grad() / with the weights frozen"
             )
-        lo = int(key_positions.min()) - int(positions.max())                     # smallest key - query
-        hi = int(key_positions.max()) - int(positions.min())
-        rel = torch.arange(lo, hi + 1, device=positions.device)
-        table = self(torch.zeros(1, dtype=torch.long, device=positions.device), rel)[:, 0]   # (H, R) per distance
+        # Distances at or past +-max_distance share the outermost buckets, so a table of the
+        # 2 * max_distance + 1 distances around 0 serves every pair, with the distance clamped: its
+        # size does not depend on the lengths (no recompilation per decode step, no device reads).
+        far = self.max_distance
+        rel = torch.arange(-far, far + 1, device=positions.device)
+        table = self(torch.zeros(1, dtype=torch.long, device=positions.device), rel)[:, 0]   # (H, 2 * far + 1)
         width = table.shape[-1]
-        flat = table.reshape(-1)                                                  # (H * R,)
+        flat = table.reshape(-1)                                                  # (H * width,)
 
         def score_mod(score, b, h, qi, ki):
-            return score + flat[h * width + (key_positions[b, ki] - positions[b, qi] - lo)]
+            distance = (key_positions[b, ki] - positions[b, qi]).clamp(-far, far)
+            return score + flat[h * width + distance + far]
         return score_mod
 
     def _check_heads(self, num_heads: int) -> None:
