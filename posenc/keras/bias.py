@@ -9,21 +9,51 @@ from keras import ops
 from posenc import _validate
 from posenc.core import alibi as core_alibi
 from posenc.core import relative as core_relative
+from posenc.keras._common import PositionsLayer, check_int32_range, check_positions, differ, static_shape, value_range
+
+
+def _check_pair(positions, key_positions) -> tuple:
+    """Checked ``(positions, key_positions)``: integers ``(S,)``/``(B, S)``, equal batch sizes when both
+    are per row, and distances ``q - k`` within int32 where the values are concrete.
+
+    Inside a traced graph (``jax.jit``, ``tf.function``) values cannot be read, and distances past the
+    int32 range would wrap there.
+    """
+    positions = check_positions("positions", positions)
+    key_positions = check_positions("key_positions", key_positions)
+    p, k = static_shape(positions), static_shape(key_positions)
+    if len(p) == 2 and len(k) == 2 and differ(p[0], k[0]):
+        raise ValueError(f"positions {p} and key_positions {k} have different batch sizes")
+    q_range, k_range = value_range(positions), value_range(key_positions)
+    if q_range is not None and k_range is not None:
+        check_int32_range("positions - key_positions", q_range[0] - k_range[1], q_range[1] - k_range[0])
+    return positions, key_positions
 
 
 def _distances(positions, key_positions):
     """``q - k`` as int32, ``(S, S_k)`` or ``(B, S, S_k)``."""
-    q = ops.cast(positions, "int32")
-    k = ops.cast(key_positions, "int32")
+    q, k = (ops.cast(t, "int32") for t in _check_pair(positions, key_positions))
     return ops.expand_dims(q, -1) - ops.expand_dims(k, -2)
 
 
+def _bias_spec(layer, positions, key_positions):
+    """Output spec ``(H, S, S_k)`` / ``(B, H, S, S_k)`` of a bias layer (static checks only)."""
+    key_positions = positions if key_positions is None else key_positions
+    p, k = (static_shape(t) for t in _check_pair(positions, key_positions))
+    batch = p[:1] if len(p) == 2 else k[:1] if len(k) == 2 else ()
+    return keras.KerasTensor((*batch, layer.num_heads, p[-1], k[-1]), dtype=layer.compute_dtype)
+
+
 @keras.saving.register_keras_serializable(package="posenc")
-class AlibiBias(keras.layers.Layer):
+class AlibiBias(PositionsLayer):
     """ALiBi logit bias ``-m_h * (q_i - k_j)`` (``|q_i - k_j|`` if ``symmetric``), ``(H, S, S_k)``.
 
     Slopes follow the paper's rule for any head count (the same core as the torch side).
+    ``positions`` and ``key_positions`` are integers ``(S,)`` or ``(B, S)`` within int32 (checked
+    where their values are concrete); the output is ``(B, H, S, S_k)`` when either is per row.
     """
+
+    _position_args = (("positions", 0), ("key_positions", 1))
 
     def __init__(self, num_heads: int, *, symmetric: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -40,16 +70,22 @@ class AlibiBias(keras.layers.Layer):
         bias = ops.expand_dims(ops.cast(neg, "float32"), -3) * ops.reshape(ops.convert_to_tensor(self.slopes), (-1, 1, 1))
         return ops.cast(bias, self.compute_dtype)
 
+    def compute_output_spec(self, positions, key_positions=None):
+        return _bias_spec(self, positions, key_positions)
+
     def get_config(self) -> dict:
         return {**super().get_config(), "num_heads": self.num_heads, "symmetric": self.symmetric}
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RelativePositionBias(keras.layers.Layer):
+class RelativePositionBias(PositionsLayer):
     """T5 bucketed relative bias with a learned ``(num_buckets, num_heads)`` weight -> ``(H, S, S_k)``.
 
     Buckets come from exact integer thresholds (posenc.core.relative), identical to the torch side.
+    Positions are checked as for :class:`AlibiBias`.
     """
+
+    _position_args = (("positions", 0), ("key_positions", 1))
 
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True,
                  **kwargs) -> None:
@@ -79,6 +115,9 @@ class RelativePositionBias(keras.layers.Layer):
         key_positions = positions if key_positions is None else key_positions
         values = ops.take(self.weight, self.buckets(positions, key_positions), axis=0)   # (..., S, S_k, H)
         return ops.cast(ops.moveaxis(values, -1, -3), self.compute_dtype)
+
+    def compute_output_spec(self, positions, key_positions=None):
+        return _bias_spec(self, positions, key_positions)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "num_heads": self.num_heads, "num_buckets": self.num_buckets,

@@ -6,19 +6,31 @@ import keras
 import numpy as np
 from keras import ops
 
-from posenc import _validate
 from posenc.core import sinusoidal as core_sinusoidal
-from posenc.keras._common import exact_sin_cos, positions_or_range
+from posenc.keras._common import (
+    PositionsLayer,
+    check_embeddings,
+    check_position_args,
+    exact_sin_cos,
+    positions_or_range,
+    static_shape,
+    value_range,
+)
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class LearnedPositionalEmbedding(keras.layers.Layer):
+class LearnedPositionalEmbedding(PositionsLayer):
     """Adds a trainable embedding of each absolute position: ``x + weight[positions]``.
 
     Same arguments as :class:`posenc.nn.LearnedPositionalEmbedding`.  ``padding_idx`` keeps that
-    row at zero with zero gradient (the weight is multiplied by a constant row mask).  A static
-    length past the table raises ``ValueError``; inside a compiled graph, explicit positions cannot
-    be checked, so size ``num_positions`` for the longest input.
+    row at zero with zero gradient (the weight is multiplied by a constant row mask).
+
+    ``x`` is ``(B, S, D)`` or ``(S, D)`` floating; ``positions`` (optional) integers ``(S,)`` or
+    ``(B, S)``, excluding a nonzero ``offset``.  A position outside ``[0, num_positions)`` raises
+    ``ValueError``: always for ``offset`` (the length is static), and for explicit ``positions``
+    where their values are concrete (NumPy, eager tensors).  Inside a traced graph (``jax.jit``,
+    ``tf.function``) explicit positions cannot be read and are not checked (JAX gives NaN rows for
+    positions past the table), so size ``num_positions`` for the longest input there.
     """
 
     def __init__(self, num_positions: int, dim: int, *, init: str = "normal", padding_idx: int | None = None,
@@ -41,19 +53,33 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             mask[padding_idx] = 0.0
         self._row_mask = mask
 
+    def _check_call(self, x, positions, offset):
+        check_embeddings(x, self.dim)
+        shape = static_shape(x)
+        positions, offset = check_position_args(positions, offset, shape, len(shape) - 2)
+        if positions is None and shape[-2] is not None:
+            self._check_rows(offset, offset + shape[-2] - 1)
+        elif positions is not None and (rng := value_range(positions)) is not None:
+            self._check_rows(*rng)
+        return positions, offset
+
+    def _check_rows(self, lo: int, hi: int) -> None:
+        """Reject positions ``[lo, hi]`` outside the table's rows ``[0, num_positions)``."""
+        if hi < lo or (lo >= 0 and hi < self.num_positions):                 # empty, or inside
+            return
+        fix = "positions (and offset) index the table, so they must be >= 0" if lo < 0 else \
+            f"build the layer with num_positions >= {hi + 1}"
+        raise ValueError(f"positions must lie in [0, num_positions={self.num_positions}), got values in [{lo}, {hi}]; {fix}")
+
     def call(self, x, positions=None, offset: int = 0):
-        if x.shape[-1] is not None and x.shape[-1] != self.dim:
-            raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
-        offset = _validate.check_int("offset", offset)
-        seq_len = x.shape[-2]
-        if positions is None and seq_len is not None and (offset < 0 or offset + seq_len > self.num_positions):
-            raise ValueError(
-                f"positions {offset}..{offset + seq_len - 1} exceed the learned table: num_positions="
-                f"{self.num_positions}; build the layer with num_positions >= {offset + seq_len}"
-            )
+        positions, offset = self._check_call(x, positions, offset)
         pos = positions_or_range(positions, ops.shape(x)[-2], offset)
         weight = self.weight * ops.convert_to_tensor(self._row_mask, dtype=self.weight.dtype)
         return x + ops.cast(ops.take(weight, pos, axis=0), x.dtype)
+
+    def compute_output_spec(self, x, positions=None, offset: int = 0):
+        self._check_call(x, positions, offset)                                         # static checks only
+        return keras.KerasTensor(x.shape, dtype=self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape

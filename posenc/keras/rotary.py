@@ -8,11 +8,30 @@ from keras import ops
 
 from posenc import _validate
 from posenc.core import rope as core_rope
-from posenc.keras._common import exact_sin_cos, float32_angles, lookup, positions_or_range
+from posenc.keras._common import (
+    PositionsLayer,
+    check_float,
+    check_position_args,
+    check_positions,
+    differ,
+    exact_sin_cos,
+    float32_angles,
+    lookup,
+    normalize_seq_dim,
+    positions_or_range,
+    static_shape,
+)
+
+
+def _check_seq_len(seq_len):
+    """A Python/NumPy ``seq_len`` must be an int >= 1; a tensor (e.g. traced) is used as given."""
+    if seq_len is None or (hasattr(seq_len, "shape") and not isinstance(seq_len, np.generic)):
+        return seq_len
+    return _validate.check_int("seq_len", seq_len, minimum=1)
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(PositionsLayer):
     """Rotates queries and keys; same arguments and defaults as :class:`posenc.nn.RotaryEmbedding`.
 
     ``call(q, k, positions=None, offset=0, seq_dim=-2, seq_len=None)`` returns ``(q, k)``;
@@ -25,7 +44,16 @@ class RotaryEmbedding(keras.layers.Layer):
     ``rope_type``).  LongRoPE keeps a table for each factor set and switches strictly after the
     original length; dynamic NTK past the original length, and any position past the tables, use
     float32 angles computed in the graph.
+
+    ``q`` and ``k`` are floating, with at least 2 dims, the same rank, batch and sequence length
+    (head counts may differ) and a head dim of at least ``dim``; ``seq_dim`` names their sequence
+    axis (not the last, feature axis).  ``positions`` (optional) are integers ``(S,)`` or ``(B, S)``,
+    excluding a nonzero ``offset``.  Positions are indexed in int32: values outside
+    ``[-2**31, 2**31 - 1]`` raise ``ValueError`` where they are concrete (NumPy, eager tensors), but
+    inside a traced graph (``jax.jit``, ``tf.function``) they cannot be read and would wrap.
     """
+
+    _position_args = (("positions", 2),)
 
     def __init__(self, dim: int, *, max_seq_len: int = 4096, base: float = 10000.0, layout: str = "half",
                  scaling: core_rope.RopeScaling | dict | None = None, xpos_scale_base: float | None = None,
@@ -52,7 +80,12 @@ class RotaryEmbedding(keras.layers.Layer):
         return (c * f).astype(np.float32), (s * f).astype(np.float32), np.array([float(x) for x in freqs])
 
     def cos_sin(self, positions, seq_len=None):
-        """float32 ``(cos, sin)`` of shape ``positions.shape + (dim/2,)``."""
+        """float32 ``(cos, sin)`` of shape ``positions.shape + (dim/2,)`` for integer ``positions``
+        ``(S,)`` or ``(B, S)``; ``seq_len`` is the length that length-dependent rules see."""
+        positions = ops.cast(check_positions("positions", positions), "int32")
+        return self._cos_sin(positions, _check_seq_len(seq_len))
+
+    def _cos_sin(self, positions, seq_len):
         def pick(key):
             cos_t, sin_t, inv = self._tables[key]
             def analytic(which):
@@ -110,17 +143,33 @@ class RotaryEmbedding(keras.layers.Layer):
             t = ops.expand_dims(t, lead)
         return t
 
+    def _check_qk(self, name: str, t) -> tuple:
+        """``t`` must be floating ``(..., S, D)`` with ``D >= dim``; returns its static shape."""
+        check_float(name, t)
+        shape = static_shape(t)
+        if len(shape) < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., S, D), got shape {shape}")
+        if shape[-1] is not None and shape[-1] < self.dim:
+            raise ValueError(f"{name} has head dim {shape[-1]} < rotary dim {self.dim}; build the layer "
+                             f"with a rotary dim <= the head dim")
+        return shape
+
+    def _check_call(self, q, k, positions, offset, seq_dim, seq_len):
+        """Checks of a call; returns ``(seq_axis, positions, offset, seq_len)``, validated."""
+        shape = self._check_qk("q", q)
+        seq_axis = normalize_seq_dim(seq_dim, len(shape))
+        if k is not None:
+            ks = self._check_qk("k", k)
+            if len(ks) != len(shape) or differ(ks[seq_axis], shape[seq_axis]) or differ(ks[0], shape[0]):
+                raise ValueError(f"k {ks} must match q {shape} in rank, batch and sequence length")
+        positions, offset = check_position_args(positions, offset, shape, seq_axis)
+        return seq_axis, positions, offset, _check_seq_len(seq_len)
+
     def call(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None):
-        for name, t in (("q", q), ("k", k)):
-            if t is not None and t.shape[-1] is not None and t.shape[-1] < self.dim:
-                raise ValueError(f"{name} has head dim {t.shape[-1]} < rotary dim {self.dim}")
+        seq_axis, positions, offset, seq_len = self._check_call(q, k, positions, offset, seq_dim, seq_len)
         ndim = len(q.shape)
-        seq_axis = seq_dim % ndim
-        if seq_axis == ndim - 1:
-            raise ValueError(f"seq_dim={seq_dim} is the feature axis; use -2 for (B, H, S, D) or 1 for (B, S, H, D)")
-        offset = _validate.check_int("offset", offset)
         pos = positions_or_range(positions, ops.shape(q)[seq_axis], offset)
-        cos, sin = self.cos_sin(pos, seq_len)
+        cos, sin = self._cos_sin(pos, seq_len)
         cos, sin = self._broadcast(cos, ndim, seq_axis, pos), self._broadcast(sin, ndim, seq_axis, pos)
         q_out = self._rotate(q, cos, sin, False, pos, seq_axis)
         if k is None:
@@ -128,6 +177,7 @@ class RotaryEmbedding(keras.layers.Layer):
         return q_out, self._rotate(k, cos, sin, True, pos, seq_axis)
 
     def compute_output_spec(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None):
+        self._check_call(q, k, positions, offset, seq_dim, seq_len)                      # static checks only
         spec = keras.KerasTensor(q.shape, dtype=self.compute_dtype)
         return spec if k is None else (spec, keras.KerasTensor(k.shape, dtype=self.compute_dtype))
 

@@ -8,11 +8,20 @@ from keras import ops
 
 from posenc import _validate
 from posenc.core import sinusoidal as core_sinusoidal
-from posenc.keras._common import exact_sin_cos, float32_angles, lookup, positions_or_range
+from posenc.keras._common import (
+    PositionsLayer,
+    check_embeddings,
+    check_position_args,
+    exact_sin_cos,
+    float32_angles,
+    lookup,
+    positions_or_range,
+    static_shape,
+)
 
 
 @keras.saving.register_keras_serializable(package="posenc")
-class SinusoidalEncoding(keras.layers.Layer):
+class SinusoidalEncoding(PositionsLayer):
     """Adds the sinusoidal positional encoding: ``x * scale + PE`` (then dropout in training).
 
     Same arguments as :class:`posenc.nn.SinusoidalEncoding` (without ``device``/``inplace``).  The
@@ -21,6 +30,11 @@ class SinusoidalEncoding(keras.layers.Layer):
     ``mixed_bfloat16``/``mixed_float16`` policies get the exact result rounded to their dtype.
     Positions past the table use float32 angles computed in the graph (error up to about
     ``position * 6e-8``), since JAX has no float64 by default.
+
+    ``x`` is ``(B, S, D)`` or ``(S, D)`` floating; ``positions`` (optional) integers ``(S,)`` or
+    ``(B, S)``, excluding a nonzero ``offset``.  Positions are indexed in int32: values outside
+    ``[-2**31, 2**31 - 1]`` raise ``ValueError`` where they are concrete (NumPy, eager tensors), but
+    inside a traced graph (``jax.jit``, ``tf.function``) they cannot be read and would wrap.
 
     Examples:
         >>> import keras
@@ -58,16 +72,23 @@ class SinusoidalEncoding(keras.layers.Layer):
             [ops.zeros_like(s[..., :1])] if self.dim % 2 else [])
         return ops.concatenate(parts, axis=-1)
 
+    def _check_call(self, x, positions, offset):
+        check_embeddings(x, self.dim)
+        shape = static_shape(x)
+        return check_position_args(positions, offset, shape, len(shape) - 2)
+
     def call(self, x, positions=None, offset: int = 0, training=None):
-        if x.shape[-1] is not None and x.shape[-1] != self.dim:
-            raise ValueError(f"x must have last dimension dim={self.dim}, got shape {tuple(x.shape)}")
-        offset = _validate.check_int("offset", offset)
+        positions, offset = self._check_call(x, positions, offset)
         pos = positions_or_range(positions, ops.shape(x)[-2], offset)
         pe = lookup(self._table, pos, self._analytic)                                    # (..., S, D) float32
         out = ops.cast(ops.cast(x, "float32") * self.scale + pe, self.compute_dtype)
         if self._drop is not None:
             out = self._drop(out, training=training)
         return out
+
+    def compute_output_spec(self, x, positions=None, offset: int = 0, training=None):
+        self._check_call(x, positions, offset)                                         # static checks only
+        return keras.KerasTensor(x.shape, dtype=self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
