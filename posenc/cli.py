@@ -1,22 +1,193 @@
 """Command line interface: ``posenc ...`` and ``python -m posenc ...``.
 
-Data goes to stdout, messages to stderr.
+Data goes to stdout, messages to stderr.  Exit status: 0 on success, 2 for a bad command line
+(the message names the option, the bad value and what is accepted), 1 when the work itself fails
+(an output that cannot be written, a missing optional dependency).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import io
 import json
 import math
+import os
 import pathlib
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 
+from posenc.core.exact import MAX_POSITION
 from posenc.core.sinusoidal import SINUSOIDAL_LAYOUTS
 
 FORMATS = ("torch", "csv", "json", "markdown")
+
+#: Cells (rows x columns) a printed table or a plot may hold: 10**7 cells already make about
+#: 200 MB of CSV or JSON text and need about 1 GB of memory to format.
+MAX_CELLS = 10**7
+#: Features per position: the exact frequencies are computed one by one in extended precision.
+MAX_DIM = 2**16
+#: Sequence lengths of ``compare``: attention memory grows with the square of the length (about
+#: 7 GB to train at 2048 bytes with ``--quick``).
+MAX_COMPARE_LEN = 4096
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+
+class _WriteError(Exception):
+    """An output could not be written: reported as ``posenc: cannot write PATH: REASON``, exit 1."""
+
+    def __init__(self, path: object, err: OSError) -> None:
+        self.path = str(path)
+        self.err = err
+        super().__init__(self.path)
+
+    def message(self) -> str:
+        reason = self.err.strerror or str(self.err)
+        full = self.err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+        if self.path == "standard output":
+            fix = "free some disk space or redirect the output elsewhere" if full else "check where the output goes"
+        elif full:
+            fix = "free some disk space or pass --out a folder on another disk"
+        else:
+            fix = "pass --out a folder you can write to"
+        return f"posenc: cannot write {self.path}: {reason}; {fix}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument types: each raises ArgumentTypeError, which argparse reports as
+# "posenc CMD: error: argument --OPTION: MESSAGE" with exit status 2.
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {_shown(text)}") from None
+
+
+def _int_range(lo: int, hi: int | None = None, *, accepted: str | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[lo, hi]`` (``hi`` None: no upper bound)."""
+    if accepted is None:
+        accepted = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+
+    def parse(text: str) -> int:
+        value = _parse_int(text)
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"must be {accepted}, got {_shown(text)}")
+        return value
+
+    return parse
+
+
+def _even_dim(text: str) -> int:
+    accepted = f"an even integer from 2 to {MAX_DIM} (the figures include RoPE, which rotates features in pairs)"
+    value = _int_range(2, MAX_DIM, accepted=accepted)(text)
+    if value % 2:
+        raise argparse.ArgumentTypeError(f"must be {accepted}, got {_shown(text)}; pass e.g. {value + 1}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {_shown(text)}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {_shown(text)}; pass e.g. 10000")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """Evaluation lengths: comma-separated integers from 1 to MAX_COMPARE_LEN."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {_shown(text)}; pass e.g. 64,128,256") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one length; pass e.g. 64,128,256")
+    for v in values:
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {v}; pass e.g. 64,128,256")
+        if v > MAX_COMPARE_LEN:
+            raise argparse.ArgumentTypeError(
+                f"lengths must be <= {MAX_COMPARE_LEN} (attention memory grows with the square of the length), "
+                f"got {v}")
+    return values
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    """Encoding names: comma-separated, known, each at most once."""
+    from posenc.lab.registry import ENCODINGS
+
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    choose = f"choose from {', '.join(ENCODINGS)}"
+    if not names:
+        raise argparse.ArgumentTypeError(f"no encoding given; {choose}")
+    unknown = [n for n in names if n not in ENCODINGS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown encoding(s) {', '.join(unknown)}; {choose}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} given more than once; name each encoding once")
+    return names
+
+
+def _folder(text: str) -> pathlib.Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty; pass a folder path")
+    return pathlib.Path(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output.
+
+
+def _emit(text: str) -> None:
+    """Print data to stdout; a write error (other than a closed pipe) becomes a _WriteError."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        raise _WriteError("standard output", err) from err
+
+
+def _prepare_folder(out: pathlib.Path, files: Sequence[str]) -> None:
+    """Create ``out`` and check that ``files`` can be written in it, before any long work."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out))
+        out.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if (out / name).is_dir():
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(out / name))
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise _WriteError(err.filename or out, err) from err
+
+
+def _write_text(path: pathlib.Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as err:
+        try:
+            path.unlink(missing_ok=True)                     # no truncated file left behind
+        except OSError:
+            pass
+        raise _WriteError(path, err) from err
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands.
 
 
 def _format_table(table, fmt: str, offset: int) -> str:
@@ -38,34 +209,32 @@ def _format_table(table, fmt: str, offset: int) -> str:
     return "\n".join([head, rule, *body])
 
 
+def _check_table(args: argparse.Namespace) -> str | None:
+    cells = max(args.max_len, 1) * args.dim
+    if cells > MAX_CELLS:
+        return (f"--max-len {args.max_len} x --dim {args.dim} = {cells:,} cells, more than the {MAX_CELLS:,} "
+                f"this command prints; lower --max-len or --dim (posenc.sinusoidal_table builds larger tables in Python)")
+    last = args.offset + args.max_len - 1
+    if args.max_len and last > MAX_POSITION:
+        return (f"--offset {args.offset} with --max-len {args.max_len} reaches position {last}, beyond 2**31 = "
+                f"{MAX_POSITION} where angles are no longer exact; lower --offset to at most "
+                f"{MAX_POSITION - args.max_len + 1} or lower --max-len")
+    return None
+
+
 def _cmd_table(args: argparse.Namespace) -> int:
     from posenc.functional import sinusoidal_table
 
     table = sinusoidal_table(args.max_len, args.dim, base=args.base, layout=args.layout, offset=args.offset)
-    print(_format_table(table, args.format, args.offset))
+    _emit(_format_table(table, args.format, args.offset))
     return 0
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one length")
-    return values
-
-
-def _name_list(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
     from posenc.lab.registry import list_encodings
 
     width = max(len(e.name) for e in list_encodings())
-    for e in list_encodings():
-        print(f"{e.name:<{width}}  {e.family:<8}  {e.description}")
+    _emit("\n".join(f"{e.name:<{width}}  {e.family:<8}  {e.description}" for e in list_encodings()))
     return 0
 
 
@@ -84,17 +253,14 @@ def _format_results(results: dict) -> str:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from posenc.lab.experiment import CompareConfig, compare, position_task
 
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for L in (*args.eval_lens, args.train_len):
-        if L < 1:
-            raise ValueError(f"lengths must be >= 1, got {L} (check --train-len and --eval-lens)")
+    out = args.out
+    _prepare_folder(out, ["results.json", "compare.png"])           # fail before minutes of training
     if args.task == "position":
-        results = position_task(args.encodings, steps=args.steps or (150 if args.quick else 400), seed=args.seed)
-        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-        print(f"position task (bidirectional, length {results['length']}, chance {results['chance']:.3f})")
-        for name, acc in results["accuracy"].items():
-            print(f"{name:<12} accuracy {acc:.3f}")
+        results = position_task(args.encodings, steps=args.steps or (150 if args.quick else 400), seed=args.seed,
+                                progress=not args.no_progress)
+        _emit("\n".join([f"position task (bidirectional, length {results['length']}, chance {results['chance']:.3f})",
+                         *(f"{name:<12} accuracy {acc:.3f}" for name, acc in results["accuracy"].items())]))
+        _write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
         print(f"wrote {out / 'results.json'}", file=sys.stderr)
         return 0
     overrides = {"encodings": args.encodings, "train_len": args.train_len, "eval_lens": args.eval_lens,
@@ -103,83 +269,132 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         overrides["steps"] = args.steps
     config = CompareConfig.quick(**overrides) if args.quick else CompareConfig(**overrides)
     results = compare(config, progress=not args.no_progress)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(_format_results(results))
+    _emit(_format_results(results))                                 # shown even if the disk is full
+    _write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / 'results.json'} ({results['seconds']} s of training and evaluation)", file=sys.stderr)
     try:
         from posenc.lab.plots import plot_compare
 
         png = plot_compare(results, out / "compare.png")
-        print(f"wrote {png}", file=sys.stderr)
     except ImportError as err:
         print(f"posenc compare: no plot: {err}", file=sys.stderr)
+        return 0
+    except OSError as err:
+        raise _WriteError(err.filename or out / "compare.png", err) from err
+    print(f"wrote {png}", file=sys.stderr)
     return 0
+
+
+def _check_plot(args: argparse.Namespace) -> str | None:
+    cells = (4 * args.max_len + 1) * args.dim
+    if cells > MAX_CELLS:
+        return (f"--max-len {args.max_len} x --dim {args.dim} is too large: the figures compute 4 x --max-len + 1 "
+                f"positions x --dim features = {cells:,} values, more than {MAX_CELLS:,}; lower --max-len or --dim")
+    return None
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from posenc.lab.plots import plot_encodings
+    from posenc.lab.plots import plot_encodings, require_matplotlib
 
     try:
-        paths = plot_encodings(pathlib.Path(args.out), dim=args.dim, length=args.max_len)
+        require_matplotlib()
     except ImportError as err:
         print(f"posenc plot: error: {err}", file=sys.stderr)
-        return 2
-    for p in paths:
-        print(p)
+        return 1
+    _prepare_folder(args.out, ["sinusoidal_table.png", "similarity_vs_distance.png", "logits_vs_distance.png"])
+    try:
+        paths = plot_encodings(args.out, dim=args.dim, length=args.max_len)
+    except OSError as err:
+        raise _WriteError(err.filename or args.out, err) from err
+    _emit("\n".join(str(p) for p in paths))
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("table", help="print a sinusoidal positional-encoding table")
-    t.add_argument("--dim", type=int, required=True, help="features per position (d_model), any >= 1")
-    t.add_argument("--max-len", type=int, required=True, help="number of positions (rows)")
-    t.add_argument("--base", type=float, default=10000.0, help="frequency base (default 10000)")
+    t.add_argument("--dim", type=_int_range(1, MAX_DIM), required=True,
+                   help=f"features per position (d_model), from 1 to {MAX_DIM}, odd included")
+    t.add_argument("--max-len", type=_int_range(0, MAX_CELLS), required=True,
+                   help=f"number of positions (rows), 0 or more; --max-len x --dim at most {MAX_CELLS:,}")
+    t.add_argument("--base", type=_positive_float, default=10000.0, help="frequency base, > 0 (default 10000)")
     t.add_argument("--layout", choices=SINUSOIDAL_LAYOUTS, default="interleaved", help="column convention")
-    t.add_argument("--offset", type=int, default=0, help="position of the first row")
+    t.add_argument("--offset", default=0, type=_int_range(
+                       -MAX_POSITION, MAX_POSITION, accepted="an integer from -2**31 to 2**31 (beyond, angles are no "
+                       "longer exact)"),
+                   help="position of the first row (default 0); every position must lie within [-2**31, 2**31]")
     t.add_argument("--format", choices=FORMATS, default="torch", help="output format (torch prints like the seeds)")
-    t.set_defaults(func=_cmd_table)
+    t.set_defaults(func=_cmd_table, check=_check_table, command_parser=t)
 
     ls = sub.add_parser("list", help="list the registered encodings")
-    ls.set_defaults(func=_cmd_list)
+    ls.set_defaults(func=_cmd_list, command_parser=ls)
 
     from posenc.lab.registry import ENCODINGS
 
     c = sub.add_parser("compare", help="train a tiny Transformer per encoding and measure it past its training length")
     c.add_argument("--encodings", type=_name_list, default=tuple(ENCODINGS),
                    help=f"comma-separated names (default: all: {','.join(ENCODINGS)})")
-    c.add_argument("--train-len", type=int, default=64, help="training window in bytes (default 64)")
-    c.add_argument("--eval-lens", type=_int_list, default=(64, 128, 256, 512), help="evaluation lengths (default 64,128,256,512)")
-    c.add_argument("--steps", type=int, default=None, help="training steps per encoding (default 1000; 400 with --quick)")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--out", default="posenc-compare", help="folder for results.json and compare.png")
+    c.add_argument("--train-len", type=_int_range(1, MAX_COMPARE_LEN), default=64,
+                   help=f"training window in bytes, from 1 to {MAX_COMPARE_LEN} (default 64)")
+    c.add_argument("--eval-lens", type=_int_list, default=(64, 128, 256, 512),
+                   help=f"evaluation lengths, each from 1 to {MAX_COMPARE_LEN} (default 64,128,256,512)")
+    c.add_argument("--steps", type=_int_range(1), default=None,
+                   help="training steps per encoding, >= 1 (default 1000, or 400 with --quick; "
+                        "with --task position 400, or 150 with --quick)")
+    c.add_argument("--seed", default=0, help="random seed, a 64-bit signed integer (default 0)", type=_int_range(
+                       _SEED_MIN, _SEED_MAX, accepted="a 64-bit signed integer, from -2**63 to 2**63 - 1"))
+    c.add_argument("--out", type=_folder, default=pathlib.Path("posenc-compare"),
+                   help="folder for results.json and compare.png, created if missing (default posenc-compare)")
     c.add_argument("--quick", action="store_true", help="a smaller model and budget: under 3 minutes on 2 CPU cores")
     c.add_argument("--task", choices=("lm", "position"), default="lm",
                    help="lm: language modelling past the training length; position: bidirectional order task")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    c.set_defaults(func=_cmd_compare)
+    c.set_defaults(func=_cmd_compare, command_parser=c)
 
     p = sub.add_parser("plot", help="write PNG figures that explain the encodings")
-    p.add_argument("--out", default="posenc-plots")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=128)
-    p.set_defaults(func=_cmd_plot)
+    p.add_argument("--out", type=_folder, default=pathlib.Path("posenc-plots"),
+                   help="folder for the PNG files, created if missing (default posenc-plots)")
+    p.add_argument("--dim", type=_even_dim, default=64, help=f"features per position, even, from 2 to {MAX_DIM} (default 64)")
+    p.add_argument("--max-len", type=_int_range(1, MAX_CELLS), default=128,
+                   help="positions in the table figure and largest distance shown, >= 1 (default 128)")
+    p.set_defaults(func=_cmd_plot, check=_check_plot, command_parser=p)
     return parser
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass                                                      # stdout replaced (tests): nothing to do
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "compare":
-        from posenc.lab.registry import ENCODINGS
-
-        unknown = [e for e in args.encodings if e not in ENCODINGS]
-        if unknown or not args.encodings:
-            parser.error(f"argument --encodings: unknown encoding(s) {', '.join(unknown) or '(none given)'}; "
-                         f"choose from {', '.join(ENCODINGS)}")
+    check = getattr(args, "check", None)
+    problem = check(args) if check is not None else None
+    if problem:
+        args.command_parser.error(problem)                        # exits with status 2
     try:
         return args.func(args)
     except (TypeError, ValueError) as err:
+        # The options are checked above; this reports a value posenc itself rejects.
         print(f"posenc {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except _WriteError as err:
+        if err.path == "standard output":
+            _quiet_stdout()
+        print(err.message(), file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        _quiet_stdout()                                           # e.g. `posenc table ... | head`: stop quietly
+        return 1
+    except KeyboardInterrupt:
+        print(f"posenc {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -49,14 +49,16 @@ def test_markdown_format(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["table", "--dim", "0", "--max-len", "3"], "dim must be >= 1, got 0"),
-        (["table", "--dim", "4", "--max-len", "-2"], "length must be >= 0, got -2"),
-        (["table", "--dim", "4", "--max-len", "3", "--base", "0"], "base must be > 0"),
+        (["table", "--dim", "0", "--max-len", "3"], "argument --dim: must be an integer from 1 to 65536, got '0'"),
+        (["table", "--dim", "4", "--max-len", "-2"], "argument --max-len: must be an integer from 0 to 10000000, got '-2'"),
+        (["table", "--dim", "4", "--max-len", "3", "--base", "0"], "argument --base: must be a finite number > 0"),
     ],
 )
 def test_bad_values_exit_2_with_a_message_on_stderr(capsys, argv, message):
-    code, out, err = run(capsys, *argv)
-    assert code == 2 and out == "" and message in err
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and out == "" and message in err
 
 
 def test_unknown_layout_is_rejected_by_the_parser(capsys):
