@@ -92,6 +92,10 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in (B, H, S_k)")
     if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head dim")
+    if not q.shape[-1] or not k.shape[1]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must have a head dim D >= 1, and k at least one head"
+        )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} (grouped-query attention)")
 
@@ -108,10 +112,12 @@ def _check_options(causal, dropout_p, scale, backend, head_dim: int) -> tuple[fl
     return dropout_p, scale
 
 
-def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int, device: torch.device) -> torch.Tensor:
     p = check_positions(name, p)
     if p.dim() not in (1, 2) or p.shape[-1] != length or (p.dim() == 2 and p.shape[0] not in (1, batch)):
         raise ValueError(f"{name} must have shape ({length},) or ({batch}, {length}), got {tuple(p.shape)}")
+    if p.device != device:
+        raise ValueError(f"{name} are on {p.device} but q on {device}; move them with .to(q.device)")
     return p
 
 
@@ -127,13 +133,16 @@ def _all_positions(q, k, positions, key_positions, segment_ids):
                 f"segment_ids must have shape (B, S) = ({B}, {S}) and queries and keys the same length; "
                 f"got {tuple(segment_ids.shape)} with S_k={S_k}"
             )
+        if segment_ids.device != q.device:
+            raise ValueError(f"segment_ids are on {segment_ids.device} but q on {q.device}; move them with .to(q.device)")
         positions = positions_from_segment_ids(segment_ids) if positions is None else positions
         key_positions = positions if key_positions is None else key_positions
     if positions is None:
         positions = torch.arange(S_k - S, S_k, device=q.device) if S <= S_k else torch.arange(S, device=q.device)
     if key_positions is None:
         key_positions = torch.arange(S_k, device=q.device)
-    return _positions_arg("positions", positions, B, S), _positions_arg("key_positions", key_positions, B, S_k), segment_ids
+    return (_positions_arg("positions", positions, B, S, q.device),
+            _positions_arg("key_positions", key_positions, B, S_k, q.device), segment_ids)
 
 
 def _host_offsets(q, k, positions, key_positions, segment_ids) -> tuple[int | None, int | None]:
@@ -144,13 +153,15 @@ def _host_offsets(q, k, positions, key_positions, segment_ids) -> tuple[int | No
     return (S_k - S if S <= S_k else 0) if positions is None else None, 0 if key_positions is None else None
 
 
-def _precomputed_bias(bias: torch.Tensor, H: int, S: int, S_k: int) -> torch.Tensor:
+def _precomputed_bias(bias: torch.Tensor, B: int, H: int, S: int, S_k: int, device: torch.device) -> torch.Tensor:
     if not bias.dtype.is_floating_point or bias.dim() not in (3, 4) or bias.shape[-2:] != (S, S_k) \
-            or bias.shape[-3] not in (1, H):
+            or bias.shape[-3] not in (1, H) or (bias.dim() == 4 and bias.shape[0] not in (1, B)):
         raise ValueError(
-            f"a precomputed bias must be a floating (H, S, S_k) or (B, H, S, S_k) tensor with H={H}, S={S}, "
+            f"a precomputed bias must be a floating (H, S, S_k) or (B, H, S, S_k) tensor with B={B}, H={H}, S={S}, "
             f"S_k={S_k}; got {tuple(bias.shape)} {bias.dtype}"
         )
+    if bias.device != device:
+        raise ValueError(f"the precomputed bias (encoding) is on {bias.device} but q on {device}; move it with .to()")
     return bias
 
 
@@ -245,12 +256,14 @@ def attention(
     attn_mask = _attn_mask(attn_mask, q, k)
     if not isinstance(keys_rotated, bool):
         raise TypeError(f"keys_rotated must be a bool, got {keys_rotated!r}")
+    if not isinstance(assume_in_table, bool):
+        raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
     offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
     positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
     B, H, S, _ = q.shape
     bias = None
     if isinstance(encoding, torch.Tensor):
-        bias = _precomputed_bias(encoding, H, S, k.shape[2])
+        bias = _precomputed_bias(encoding, B, H, S, k.shape[2], q.device)
     elif encoding is not None:
         q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=positions,
                                          key_positions=key_positions, seq_len=seq_len, offsets=offsets,
@@ -344,7 +357,7 @@ def _padded_length(n: int) -> int:
 def _pad_to_block(t: torch.Tensor, dim: int, value=0) -> torch.Tensor:
     extra = _padded_length(t.shape[dim]) - t.shape[dim]
     if not extra:
-        return t
+        return t.contiguous()                   # as padded tensors are: strides are part of the compiled shape
     pad = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, extra]
     return F.pad(t, pad, value=value)
 
