@@ -128,3 +128,20 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
     ref = R.apply_rope_qk(q, k, cos, sin, backend="torch")
     torch.testing.assert_close(a, ref[0], rtol=0, atol=2e-6)
     torch.testing.assert_close(b, ref[1], rtol=0, atol=2e-6)
+
+
+def test_inplace_on_views_of_one_fused_buffer_rotates_each_once():
+    torch.manual_seed(0)
+    fused = torch.randn(1, 9, 3, 2, 16)                              # (B, S, q|k|v, H, D)
+    cos, sin = tables(16, 16)
+    want = R.apply_rope_qk(fused[:, :, 0].clone(), fused[:, :, 1].clone(), cos, sin, seq_dim=1, backend="torch")
+    buf = fused.clone()
+    R.apply_rope_qk(buf[:, :, 0], buf[:, :, 1], cos, sin, seq_dim=1, inplace=True, backend="triton")
+    torch.testing.assert_close(buf[:, :, 0], want[0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(buf[:, :, 1], want[1], rtol=0, atol=2e-6)
+    rope = posenc.RotaryEmbedding(16, max_seq_len=16, backend="triton")
+    buf = fused.clone()
+    rope(buf[:, :, 0], buf[:, :, 1], seq_dim=1, inplace=True)
+    torch.testing.assert_close(buf[:, :, 0], want[0], rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="same tensor"):
+        rope(buf[:, :, 0], buf[:, :, 0], seq_dim=1, inplace=True)
