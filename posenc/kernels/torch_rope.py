@@ -84,8 +84,8 @@ def _rotate_blocked(src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin
 
     Out of place in the working dtype, each block is written straight into ``dst`` (interleaved
     pairs as one complex multiplication, half-split pairs as two products each).  Otherwise each
-    block is rotated in a working copy (``t = x1 sin; x1 = x1 cos - x2 sin; x2 = x2 cos + t``) and
-    rounded back once.
+    block is rotated in a working copy (``t = x1; x1 = x1 cos - x2 sin; x2 = x2 cos + t sin``, the
+    same operations, so in place and out of place agree bit for bit) and rounded back once.
     """
     ct = working_dtype(dst.dtype)
     c = cos.to(ct).reshape((1,) * (dst.dim() - cos.dim()) + tuple(cos.shape))
@@ -124,9 +124,9 @@ def _rotate_blocked(src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin
         else:
             x1, x2 = halves(work, h, layout)
             tmp = buffer("tmp", x1.shape)
-            torch.mul(x1, sib, out=tmp)
-            x1.mul_(cb).addcmul_(x2, sib, value=-1)
-            x2.mul_(cb).add_(tmp)
+            tmp.copy_(x1)                                                  # the same operations as out of place,
+            x1.mul_(cb).addcmul_(x2, sib, value=-1)                        # so both round identically
+            x2.mul_(cb).addcmul_(tmp, sib)
         if work is not db:
             db.copy_(work)                                                 # one rounding to x's dtype
 
