@@ -205,3 +205,12 @@ def test_device_mismatch_raises_value_error_with_the_fix():
 def test_boolean_flags_must_be_bools(flag):
     with pytest.raises(TypeError, match=flag):
         RotaryEmbedding(8)(torch.randn(1, 1, 2, 8), **{flag: "yes"})
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 4), (1, 4, 4), (4, 1, 4)])
+def test_apply_rope_refuses_cos_sin_that_would_change_the_output_shape(shape):
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="do not broadcast to x"):
+        F.apply_rope(x, torch.ones(shape), torch.zeros(shape))
+    out = F.apply_rope(x, torch.ones(4, 4), torch.zeros(4, 4))          # cos = 1, sin = 0: the identity
+    assert out.shape == x.shape and torch.equal(out, x)
