@@ -13,6 +13,11 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _no_autocast(device: torch.device) -> torch.autocast:
+    """Autocast off for ``device`` (the meta device has no autocast of its own: CPU's stands in)."""
+    return torch.autocast(device_type="cpu" if device.type == "meta" else device.type, enabled=False)
+
+
 def exact_sin_cos(positions: torch.Tensor, turns) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 ``(sin, cos)`` of ``positions (...) * frequencies`` -> ``(..., n)``, see core.exact.
 
@@ -22,7 +27,7 @@ def exact_sin_cos(positions: torch.Tensor, turns) -> tuple[torch.Tensor, torch.T
     """
     if not isinstance(turns, torch.Tensor):
         turns = torch.tensor(turns, dtype=torch.float64, device=positions.device)
-    with torch.autocast(device_type=positions.device.type, enabled=False):
+    with _no_autocast(positions.device):
         return exact.sin_cos(positions.to(torch.float64), turns, xp=torch)
 
 
@@ -39,7 +44,7 @@ def float64_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, attention_fact
     """``(cos, sin)`` of ``positions (...) * freqs (h,)`` in plain float64 (not split: within a few
     float64 ulps of the angle), times ``attention_factor``, rounded to ``dtype``.  For frequencies
     that exist only inside a traced graph."""
-    with torch.autocast(device_type=positions.device.type, enabled=False):
+    with _no_autocast(positions.device):
         angles = positions.to(torch.float64).unsqueeze(-1) * freqs
         c, s = torch.cos(angles), torch.sin(angles)
         if attention_factor != 1.0:

@@ -47,8 +47,8 @@ def check_position_bounds(name: str, lo: int, hi: int) -> None:
 
 def check_position_range(name: str, positions: torch.Tensor) -> None:
     """:func:`check_position_bounds` of a positions tensor (one read from the device; none while
-    tracing, where data-dependent checks cannot run)."""
-    if positions.numel() and not torch.compiler.is_compiling():
+    tracing, where data-dependent checks cannot run, nor on the meta device, which holds no values)."""
+    if positions.numel() and not positions.is_meta and not torch.compiler.is_compiling():
         check_position_bounds(name, *position_range(positions))
 
 
@@ -122,7 +122,13 @@ def check_same_device(name: str, t: torch.Tensor, other: str, device: torch.devi
 
 
 def check_inplace(name: str, t: torch.Tensor) -> None:
-    """An in-place target must not have elements sharing memory (``expand``: stride 0)."""
+    """An in-place target must not have elements sharing memory (``expand``: stride 0), nor be (a view
+    of) a leaf tensor that requires grad while autograd records."""
+    if t.requires_grad and torch.is_grad_enabled() and (t if t._base is None else t._base).is_leaf:
+        raise ValueError(
+            f"{name} is (a view of) a leaf tensor that requires grad, which autograd cannot modify in place; "
+            f"pass inplace=False (or rotate/add under torch.no_grad())"
+        )
     if torch._debug_has_internal_overlap(t) == 1:
         raise ValueError(
             f"{name} has elements that share memory (an expand()ed tensor, stride 0), so it cannot be rotated in "

@@ -40,6 +40,9 @@ MAX_POSITION = 2**31
 TWO_PI = decimal.Decimal("6.28318530717958647692528676655900576839433879875021164194989")
 #: Decimal digits of the frequency arithmetic (about 190 bits), shared by every module that uses it.
 DECIMAL_DIGITS = 60
+#: Frequencies above this many turns per position are rejected: the four pieces (about 119 bits)
+#: no longer reach the fractional part of ``p * f`` to float64 accuracy for every ``|p| <= 2**31``.
+MAX_TURNS = 2**32
 _TWO_PI_F64 = 2.0 * math.pi
 
 
@@ -48,7 +51,7 @@ def _split22(value: float) -> float:
     if value == 0.0:
         return 0.0
     exponent = math.frexp(value)[1]
-    quantum = math.ldexp(1.0, exponent - 22)
+    quantum = math.ldexp(1.0, max(exponent - 22, -1074))        # subnormal values: the smallest quantum
     return math.trunc(value / quantum) * quantum
 
 
@@ -72,6 +75,11 @@ def _turns_split_cached(frequencies: tuple[decimal.Decimal, ...]) -> np.ndarray:
         ctx.prec = DECIMAL_DIGITS
         for j, w in enumerate(frequencies):
             rest = w / TWO_PI
+            if abs(rest) > MAX_TURNS:
+                raise ValueError(
+                    f"a frequency of {float(w):.6g} radians per position exceeds 2**32 turns, where angles are no "
+                    f"longer exact; it comes from a base far below 1, a tiny scaling factor or a huge inv_freq"
+                )
             for k in range(3):
                 out[k, j] = _split22(float(rest))
                 rest -= decimal.Decimal(out[k, j])

@@ -146,7 +146,7 @@ def rope_scaling_from_hf(config: object, *, layer_type: str | None = None) -> tu
     if rule not in _KNOWN:
         raise ValueError(f"unknown rope scaling type {rule!r}; posenc supports {', '.join(_KNOWN)}")
     if rule == "proportional":                                          # the whole head, some pairs at rest
-        factor = float(params.get("factor") or 1.0)
+        factor = _validate.check_float("factor", params.get("factor") or 1.0)
         return base, head_dim, ProportionalScaling(partial, factor=factor)
     rotary_dim = int(head_dim * partial)
     if rotary_dim < 2:
@@ -154,48 +154,60 @@ def rope_scaling_from_hf(config: object, *, layer_type: str | None = None) -> tu
     return base, rotary_dim - rotary_dim % 2, _scaling(rule, params, config)
 
 
+def _whole(name: str, value: Any) -> int:
+    """A count from a config: an int, or a float holding a whole number (JSON may write 8192.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return _validate.check_int(name, value)
+
+
 def _scaling(rule: str, params: Mapping[str, Any], config: Mapping[str, Any]) -> RopeScaling | None:
     max_pos = config.get("max_position_embeddings")
 
     def original() -> int:
         # Phi-3 keeps the pretraining length at the top level, and it takes priority there.
-        value = config.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or max_pos
+        value = config.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+        if not value and max_pos is not None:
+            return _whole("max_position_embeddings", max_pos)
         if value is None:
             raise ValueError(f"rope scaling {rule!r} needs original_max_position_embeddings or max_position_embeddings")
-        return int(value)
+        return _whole("original_max_position_embeddings", value)
 
     if rule == "default":
         return None
     if rule == "linear":
-        return LinearScaling(float(_need(params, "factor", rule)))
+        return LinearScaling(_validate.check_float("factor", _need(params, "factor", rule)))
     if rule == "dynamic":
         if max_pos is None:
             raise ValueError("rope scaling 'dynamic' needs max_position_embeddings in the config")
-        return DynamicNTKScaling(float(_need(params, "factor", rule)), int(max_pos))
+        return DynamicNTKScaling(_validate.check_float("factor", _need(params, "factor", rule)),
+                                 _whole("max_position_embeddings", max_pos))
     if rule == "yarn":
         orig = original()
         factor = params.get("factor")
         if factor is None:
-            factor = _need(config, "max_position_embeddings", rule) / orig
+            factor = _whole("max_position_embeddings", _need(config, "max_position_embeddings", rule)) / orig
+        truncate = params.get("truncate", True)
         return YarnScaling(
-            float(factor), orig,
-            beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
+            _validate.check_float("factor", factor), orig,
+            beta_fast=_validate.check_float("beta_fast", params.get("beta_fast") or 32.0),
+            beta_slow=_validate.check_float("beta_slow", params.get("beta_slow") or 1.0),
             mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
-            attention_factor_override=params.get("attention_factor"), truncate=bool(params.get("truncate", True)),
+            attention_factor_override=params.get("attention_factor"), truncate=False if truncate is None else truncate,
         )
     if rule == "llama3":
         return Llama3Scaling(
-            float(_need(params, "factor", rule)), original(),
-            low_freq_factor=float(_need(params, "low_freq_factor", rule)),
-            high_freq_factor=float(_need(params, "high_freq_factor", rule)),
+            _validate.check_float("factor", _need(params, "factor", rule)), original(),
+            low_freq_factor=_validate.check_float("low_freq_factor", _need(params, "low_freq_factor", rule)),
+            high_freq_factor=_validate.check_float("high_freq_factor", _need(params, "high_freq_factor", rule)),
         )
     orig = original()
     factor = params.get("factor")
     if factor is None:
-        factor = (max_pos / orig) if max_pos else 1.0
+        factor = (_whole("max_position_embeddings", max_pos) / orig) if max_pos else 1.0
     return LongRopeScaling(
-        tuple(_need(params, "short_factor", rule)), tuple(_need(params, "long_factor", rule)), orig,
-        factor=float(factor), attention_factor_override=params.get("attention_factor"),
+        _need(params, "short_factor", rule), _need(params, "long_factor", rule), orig,
+        factor=_validate.check_float("factor", factor), attention_factor_override=params.get("attention_factor"),
     )
 
 

@@ -63,13 +63,28 @@ def _thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tup
         def reaches(n: int, k: int = k) -> bool:
             return n**span * max_exact**k >= max_exact**span * max_distance**k
 
-        n = max(max_exact, math.floor(max_exact * (max_distance / max_exact) ** (k / span)) - 1)   # a guess below
-        while not reaches(n):
-            n += 1
-        while n > max_exact and reaches(n - 1):
-            n -= 1
-        out.append(n)
+        try:
+            guess = math.floor(max_exact * (max_distance / max_exact) ** (k / span)) - 1          # a guess below
+        except OverflowError:                                          # a max_distance past float64
+            guess = max_exact
+        out.append(_least(reaches, max_exact, guess))
     return per_side, max_exact, tuple(out)
+
+
+def _least(reaches, lowest: int, guess: int) -> int:
+    """The smallest ``n >= lowest`` with ``reaches(n)`` (monotone), searched from ``guess``: galloping
+    steps bracket it, then bisection (a float guess can be off by far more than a few units)."""
+    hi, step = max(guess, lowest), 1
+    while not reaches(hi):
+        hi, step = hi + step, 2 * step
+    lo, step = hi - 1, 1                                   # lo: below ``lowest`` or not reaching, once done
+    while lo >= lowest and reaches(lo):
+        hi, lo, step = lo, lo - step, 2 * step
+    lo = max(lo, lowest - 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        hi, lo = (mid, lo) if reaches(mid) else (hi, mid)
+    return hi
 
 
 def relative_position_bucket(relative_position: int, *, bidirectional: bool = True, num_buckets: int = 32,

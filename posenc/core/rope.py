@@ -103,7 +103,10 @@ def _factor(value: float) -> float:
 
 
 def _original(value: int) -> int:
-    return _validate.check_int("original_max_seq_len", value, minimum=1)
+    value = _validate.check_int("original_max_seq_len", value, minimum=1)
+    if value > 2**53:
+        raise ValueError(f"original_max_seq_len must be <= 2**53 (a float64 holds it exactly), got {value}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +224,13 @@ class YarnScaling(RopeScaling):
         object.__setattr__(self, "original_max_seq_len", _original(self.original_max_seq_len))
         object.__setattr__(self, "beta_fast", _positive("beta_fast", self.beta_fast))
         object.__setattr__(self, "beta_slow", _positive("beta_slow", self.beta_slow))
+        for field in ("beta_fast", "beta_slow"):
+            ratio = self.original_max_seq_len / (getattr(self, field) * 2 * math.pi)
+            if not 0.0 < ratio < math.inf:
+                raise ValueError(
+                    f"{field}={getattr(self, field):g} is out of range: original_max_seq_len / ({field} * 2 pi) "
+                    f"must be a positive finite float (YaRN takes its logarithm)"
+                )
         for field in ("mscale", "mscale_all_dim", "attention_factor_override"):
             value = getattr(self, field)
             if value is not None:
@@ -404,6 +414,11 @@ def frequencies(dim: int, base: float, scaling: RopeScaling | None = None, seq_l
         raise TypeError(
             f"scaling must be None or a posenc scaling rule ({', '.join(c.__name__ for c in SCALINGS.values())}), "
             f"got {scaling!r}"
+        )
+    if type(scaling)._frequencies is RopeScaling._frequencies:
+        raise TypeError(
+            f"scaling must be a concrete rule ({', '.join(c.__name__ for c in SCALINGS.values())}), got "
+            f"{type(scaling).__name__}, which defines no frequencies (a subclass implements _frequencies)"
         )
     return scaling.frequencies(dim, base, seq_len)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc._torch.checks import check_float_dtype
+from posenc._torch.checks import check_float_dtype, check_same_device
 from posenc.core import alibi as core_alibi
 from posenc.functional.relative import relative_distances
 
@@ -61,6 +61,7 @@ def alibi_bias(
         raise TypeError(f"slopes must be a 1-D floating tensor (H,), got {slopes!r:.60}")
     check_float_dtype("dtype", dtype)
     dist = relative_distances(positions, key_positions)                 # (S, S_k) or (B, S, S_k), q - k
+    check_same_device("slopes", slopes, "positions", positions.device)
     m = slopes.to(torch.float32 if dtype != torch.float64 else torch.float64)
     bias = alibi_logits(dist.unsqueeze(-3), m.view(-1, 1, 1), symmetric=symmetric)   # (..., H, S, S_k)
     return bias.to(dtype)

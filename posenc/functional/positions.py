@@ -39,14 +39,23 @@ def positions_from_mask(mask: torch.Tensor, *, offset: int | torch.Tensor = 0) -
     real = mask != 0                                            # (B, S)
     pos = torch.cumsum(real, dim=-1, dtype=torch.int64) - 1     # (B, S)
     if isinstance(offset, torch.Tensor):
-        if offset.dtype.is_floating_point or offset.shape not in ((), (mask.shape[0],)):
+        if offset.dtype.is_floating_point or offset.dtype.is_complex or offset.dtype == torch.bool:
+            raise TypeError(
+                f"offset must be an int or an integer tensor, got dtype {offset.dtype}; cast it with offset.long()"
+            )
+        if offset.device != mask.device:
+            raise ValueError(f"offset is on {offset.device} but mask on {mask.device}; move it with .to(mask.device)")
+        if offset.shape not in ((), (mask.shape[0],)):
             raise ValueError(
                 f"offset must be an int or an integer tensor of shape ({mask.shape[0]},), "
                 f"got dtype {offset.dtype} shape {tuple(offset.shape)}"
             )
         pos = pos + offset.to(torch.int64).reshape(-1, 1)
     else:
-        pos = pos + _validate.check_int("offset", offset)
+        offset = _validate.check_int("offset", offset)
+        if not -(2**63) <= offset <= 2**63 - max(mask.shape[-1], 1):
+            raise ValueError(f"offset={offset} puts positions outside int64; pass an offset within [-2**63, 2**63 - S]")
+        pos = pos + offset
     return torch.where(real, pos, torch.zeros_like(pos))
 
 

@@ -59,6 +59,8 @@ def relative_position_bucket(
     else:
         offset = torch.zeros_like(rp)
         n = (-rp).clamp(min=0)
+    if thr and thr[-1] > _FAR:                                   # never reached by clamped distances
+        thr = tuple(min(t, _FAR + 1) for t in thr)
     boundaries = torch.tensor(thr, dtype=torch.long, device=rp.device)
     far = (max_exact + torch.bucketize(n, boundaries, right=True)).clamp(max=per_side - 1)
     return offset + torch.where(n < max_exact, n, far)

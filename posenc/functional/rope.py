@@ -118,6 +118,11 @@ def rope_cos_sin(
     check_position_range("positions", positions)
     if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1 or not inv_freq.dtype.is_floating_point:
         raise TypeError(f"inv_freq must be a 1-D floating tensor of frequencies (dim/2,), got {inv_freq!r:.80}")
+    if inv_freq.is_meta:
+        raise ValueError(
+            "inv_freq is on the meta device, which holds no values, but its frequencies are read here; pass them on "
+            "a real device (e.g. rope_inv_freq(dim)[0])"
+        )
     freqs = tuple(float(f) for f in inv_freq.detach().double().cpu())
     if not all(map(math.isfinite, freqs)):
         raise ValueError(f"inv_freq must be finite, got {inv_freq!r:.80}")
@@ -171,6 +176,11 @@ def convert_rope_weight(
     if weight.shape[0] % num_heads:
         raise ValueError(f"weight has {weight.shape[0]} rows, not a multiple of num_heads={num_heads}")
     head_dim = weight.shape[0] // num_heads
+    if head_dim < 2:
+        raise ValueError(
+            f"weight has {weight.shape[0]} rows, so num_heads={num_heads} heads of {head_dim} features each; a rotary "
+            f"head needs at least 2 (pass the full q or k projection and its head count)"
+        )
     rotary_dim = head_dim if rotary_dim is None else _validate.check_int("rotary_dim", rotary_dim, minimum=2)
     if rotary_dim % 2 or rotary_dim > head_dim:
         raise ValueError(f"rotary_dim must be even and <= head_dim={head_dim}, got {rotary_dim}")

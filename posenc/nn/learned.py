@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc._torch.checks import check_embeddings, check_position_args, check_same_device
+from posenc._torch.checks import check_embeddings, check_float_dtype, check_position_args, check_same_device
 from posenc._torch.rows import position_range
 from posenc.core.sinusoidal import check_learned_args
 from posenc.functional.sinusoidal import sinusoidal_table
@@ -56,6 +56,8 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.num_positions, self.dim, self.init, self.padding_idx = check_learned_args(
             num_positions, dim, init, padding_idx)
+        if dtype is not None:
+            check_float_dtype("dtype", dtype)
         self.weight = nn.Parameter(torch.empty(self.num_positions, self.dim, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -86,7 +88,7 @@ class LearnedPositionalEmbedding(nn.Module):
             if self.padding_idx is None or not offset <= self.padding_idx < offset + seq_len:
                 return x + self.weight[offset : offset + seq_len].to(x.dtype)
             positions = torch.arange(offset, offset + seq_len, device=self.weight.device)   # keeps padding out of training
-        elif positions.numel() and not torch.compiler.is_compiling():
+        elif positions.numel() and not positions.is_meta and not torch.compiler.is_compiling():
             lo, hi = position_range(positions)
             if lo < 0 or hi >= self.num_positions:
                 raise ValueError(

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from posenc import _validate
+from posenc._torch.checks import check_float_dtype, check_same_device
 from posenc.core import relative as core_relative
 from posenc.functional import relative as functional_relative
 
@@ -51,6 +52,8 @@ class RelativePositionBias(nn.Module):
         self.num_buckets, self.max_distance, self.bidirectional = core_relative.check_bucket_args(
             num_buckets, max_distance, bidirectional
         )
+        if dtype is not None:
+            check_float_dtype("dtype", dtype)
         self.weight = nn.Parameter(torch.empty(self.num_buckets, self.num_heads, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -60,6 +63,7 @@ class RelativePositionBias(nn.Module):
     def buckets(self, positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Bucket of every (query, key) pair: ``(S, S_k)`` or ``(B, S, S_k)``."""
         rel = -functional_relative.relative_distances(positions, key_positions)            # key - query
+        check_same_device("positions", positions, "the weight", self.weight.device)
         return functional_relative.relative_position_bucket(
             rel, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
         )

@@ -212,6 +212,8 @@ class RotaryEmbedding(TableModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` of shape ``positions.shape + (dim/2,)``, attention factor included."""
         positions = check_positions("positions", positions)
+        if positions.device != self.packed_table.device:
+            check_same_device("positions", positions, "the tables", self.packed_table.device)
         check_float_dtype("dtype", dtype)
         seq_len = check_seq_len(seq_len)
         rng = self._range(positions, False)
@@ -400,8 +402,8 @@ class RotaryEmbedding(TableModule):
     @staticmethod
     def _range(positions: torch.Tensor, assume: bool) -> tuple[int, int] | None:
         """``(min, max)`` of ``positions`` (one device read), or None when unknown: promised in the
-        table, tracing (no data-dependent reads), or empty."""
-        if assume or not positions.numel() or torch.compiler.is_compiling():
+        table, tracing (no data-dependent reads), empty, or on the meta device (no values)."""
+        if assume or not positions.numel() or positions.is_meta or torch.compiler.is_compiling():
             return None
         return position_range(positions)
 

@@ -146,7 +146,7 @@ class SinusoidalEncoding(TableModule):
                 if table is not None and 0 <= offset and offset + seq_len <= self.max_seq_len:
                     return table[offset : offset + seq_len]                    # (S, D) view
             positions = torch.arange(offset, offset + seq_len, device=x.device)
-        elif positions.numel() and not torch.compiler.is_compiling():
+        elif positions.numel() and not positions.is_meta and not torch.compiler.is_compiling():
             lo, hi = position_range(positions)                                 # one read
             check_position_bounds("positions", lo, hi)
             if table is not None and 0 <= lo and hi < self.max_seq_len:
@@ -178,6 +178,8 @@ class SinusoidalEncoding(TableModule):
             raise TypeError(f"inplace must be a bool, got {inplace!r}")
         if inplace and not torch.compiler.is_compiling():
             check_inplace("x", x)
+        if self.scale != 1.0 and abs(self.scale) > torch.finfo(x.dtype).max:
+            raise ValueError(f"scale={self.scale:g} overflows x's dtype {x.dtype}; pass a smaller scale or a wider x")
         pe = self._encoding(x, positions, offset)
         grad_path = torch.is_grad_enabled() and x.requires_grad
         if inplace:
