@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc import _validate
-from posenc._torch.checks import check_positions
+from posenc._torch.checks import check_positions, check_seq_len
 from posenc.functional.positions import positions_from_segment_ids
 
 __all__ = ["ATTENTION_BACKENDS", "AttentionEncoding", "attention"]
@@ -258,6 +258,7 @@ def attention(
         raise TypeError(f"keys_rotated must be a bool, got {keys_rotated!r}")
     if not isinstance(assume_in_table, bool):
         raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+    seq_len = check_seq_len(seq_len)                  # checked even where the encoding does not read it
     offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
     positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
     B, H, S, _ = q.shape

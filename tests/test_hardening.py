@@ -214,3 +214,11 @@ def test_apply_rope_refuses_cos_sin_that_would_change_the_output_shape(shape):
         F.apply_rope(x, torch.ones(shape), torch.zeros(shape))
     out = F.apply_rope(x, torch.ones(4, 4), torch.zeros(4, 4))          # cos = 1, sin = 0: the identity
     assert out.shape == x.shape and torch.equal(out, x)
+
+
+@pytest.mark.parametrize("encoding", [None, posenc.AlibiBias(2)], ids=["none", "alibi"])
+@pytest.mark.parametrize("bad", [0, 2.5, "8"])
+def test_attention_checks_seq_len_even_when_the_encoding_ignores_it(encoding, bad):
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises((ValueError, TypeError), match="seq_len"):
+        posenc.attention(q, q, q, encoding=encoding, seq_len=bad)
