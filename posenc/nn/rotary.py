@@ -287,13 +287,16 @@ class RotaryEmbedding(TableModule):
             qr, kr = self._rotate_checked(q, k, sd, positions, offset, seq_len, assume, False, q_is_key)
             return q.copy_(qr), k.copy_(kr)
         length = q.shape[sd]
-        if q.device != self.packed_table.device:
-            check_same_device("q", q, "the tables", self.packed_table.device)
-        positions, offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None, q.device)
-        seq_len = check_seq_len(seq_len)
-        if not isinstance(assume, bool):
+        table = self._buffers["packed_table"]                  # (not through nn.Module.__getattr__: per-step cost)
+        device = q.device
+        if device != table.device:
+            check_same_device("q", q, "the tables", table.device)
+        positions, offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None, device)
+        if seq_len is not None:
+            seq_len = check_seq_len(seq_len)
+        if type(assume) is not bool:
             raise TypeError(f"assume_in_table must be a bool, got {assume!r}")
-        if not isinstance(inplace, bool):
+        if type(inplace) is not bool:
             raise TypeError(f"inplace must be a bool, got {inplace!r}")
         tracing = torch.compiler.is_compiling()
         if not tracing and not length:
@@ -321,7 +324,7 @@ class RotaryEmbedding(TableModule):
             if rng is None and tracing and positions is not None:
                 guard_in_table("positions", positions, self.max_seq_len)
             return engine(q, k, cos=None, sin=None, positions=positions, offset=offset, layout=self.layout, seq_dim=sd,
-                          inplace=inplace, packed=self.packed_table)
+                          inplace=inplace, packed=table)
         if positions is None:
             positions = torch.arange(offset, offset + length, device=q.device)
         if traced_rule:
