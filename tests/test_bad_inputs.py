@@ -48,6 +48,7 @@ from posenc import (
     SinusoidalEncoding,
     YarnScaling,
 )
+from tests.reference.bias_oracle import t5_bucket
 
 NAN, INF = float("nan"), float("inf")
 META = "meta"
@@ -153,19 +154,7 @@ def ref_alibi(qp, kp, slopes, symmetric: bool = False) -> np.ndarray:
 def ref_bucket(rel, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
     """T5's bucket of each ``key - query`` distance (Mesh TensorFlow's formula, in float64)."""
     def one(r: int) -> int:
-        nb, out = num_buckets, 0
-        if bidirectional:
-            nb //= 2
-            out += nb if r > 0 else 0
-            n = abs(r)
-        else:
-            n = max(-r, 0)
-        max_exact = nb // 2
-        if n < max_exact:
-            return out + n
-        ratio = (math.log(n) - math.log(max_exact)) / (math.log(max_distance) - math.log(max_exact))
-        large = max_exact + int(ratio * (nb - max_exact))
-        return out + min(large, nb - 1)
+        return t5_bucket(r, bidirectional, num_buckets, max_distance)
     rel = np.asarray(rel, dtype=object)
     return np.vectorize(lambda r: one(int(r)), otypes=[np.int64])(rel) if rel.size else np.zeros(rel.shape, np.int64)
 

@@ -31,7 +31,11 @@ def t5_bucket(rp: int, bidirectional=True, num_buckets=32, max_distance=128) -> 
     max_exact = num_buckets // 2
     if n < max_exact:
         return b + n
-    v = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    try:
+        ratio = math.log(n / max_exact) / math.log(max_distance / max_exact)
+    except OverflowError:                                       # integers past float64: logs of each
+        ratio = (math.log(n) - math.log(max_exact)) / (math.log(max_distance) - math.log(max_exact))
+    v = max_exact + int(ratio * (num_buckets - max_exact))
     return b + min(v, num_buckets - 1)
 
 
