@@ -340,9 +340,9 @@ def apply_rope_qk(
         ``(q_rotated, k_rotated)`` (``k_rotated`` is None when ``k`` is None).
     """
     sd = check_qk(q, k, seq_dim, _table_rotary_dim(cos, sin))
-    if cos.device != q.device or sin.device != q.device:
-        check_same_device("cos" if cos.device != q.device else "sin", cos if cos.device != q.device else sin, "q",
-                          q.device)
+    if cos.device != q.device or sin.device != q.device:                # (one comparison each on the hot path)
+        for name, t in (("cos", cos), ("sin", sin)):
+            check_same_device(name, t, "q", q.device)
     if layout not in ROPE_LAYOUTS:
         _validate.check_choice("layout", layout, ROPE_LAYOUTS)
     if backend not in ROPE_BACKENDS:
