@@ -18,7 +18,11 @@ DeepSeek-V2/V3         ``qk_rope_head_dim`` (the rotary part of the head), ``rop
 Gemma-3 and other      per-layer-type ``rope_parameters`` (``{"full_attention": {...},
 per-layer-type models  "sliding_attention": {...}}``) or ``rope_local_base_freq``: pick one with
                        ``layer_type=``
-Qwen2-VL / 2.5-VL      ``mrope_section`` (multimodal RoPE): raises, it needs 3-D positions
+Qwen2-VL / 2.5-VL,     ``mrope_section`` (multimodal RoPE; ``rope_type``/``type`` ``"mrope"`` means the
+Qwen3-VL               default rule), ``mrope_interleaved``, ``text_config``; for
+                       :func:`mrope_vision_from_hf`: ``vision_config.spatial_merge_size`` and
+                       ``vision_config.tokens_per_second``.  :func:`rope_scaling_from_hf` raises on
+                       them (3-D positions); :func:`mrope_from_hf` reads them
 =====================  ==============================================================================
 """
 
@@ -28,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc import _validate
+from posenc.core.mrope import check_mrope_section
 from posenc.core.rope import (
     DynamicNTKScaling,
     LinearScaling,
@@ -133,8 +138,14 @@ def rope_scaling_from_hf(config: object, *, layer_type: str | None = None) -> tu
     if params.get("mrope_section") is not None or config.get("mrope_section") is not None:
         raise ValueError(
             "this config uses multimodal RoPE (mrope_section: 3-D positions for text, image and video); "
-            "rope_scaling_from_hf reads 1-D rotary embeddings only"
+            "rope_scaling_from_hf reads 1-D rotary embeddings only: use mrope_from_hf or "
+            "MultimodalRotaryEmbedding.from_hf_config"
         )
+    return _read_rope(config, params)
+
+
+def _read_rope(config: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[float, int, RopeScaling | None]:
+    """``(base, rotary_dim, scaling)`` from a config dict and its rope parameters."""
     theta = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
     base = _validate.check_float("rope_theta", theta, positive=True)
     head_dim = _head_dim(config)
@@ -225,3 +236,88 @@ def rope_layout_from_hf(config: object) -> str:
     if model_type == "deepseek_v3" and config.get("rope_interleave") is False:
         return "half"
     return "interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half"
+
+
+def _mrope_config(config: object) -> dict[str, Any]:
+    """The (text) config that holds ``mrope_section``: the config itself or its ``text_config``."""
+    config = config_dict(config)
+
+    def has_section(c: Mapping[str, Any]) -> bool:
+        params = c.get("rope_parameters") or c.get("rope_scaling") or {}
+        return c.get("mrope_section") is not None or isinstance(params, Mapping) and params.get("mrope_section") is not None
+
+    if not has_section(config) and isinstance(config.get("text_config"), Mapping) and has_section(config["text_config"]):
+        return dict(config["text_config"])
+    return config
+
+
+def mrope_from_hf(config: object) -> tuple[float, int, RopeScaling | None, tuple[int, int, int], bool]:
+    """``(base, rotary_dim, scaling, mrope_section, mrope_interleaved)`` of a multimodal-RoPE config.
+
+    Reads Qwen2-VL, Qwen2.5-VL and Qwen3-VL configurations, whole (the text settings are read from
+    ``text_config`` when the top level has none) or as their text config: ``mrope_section`` from
+    ``rope_parameters`` (transformers 5) or ``rope_scaling`` (transformers 4, where ``"type":
+    "mrope"`` names the default rule), the base from ``rope_theta``, the head dim as for
+    :func:`rope_scaling_from_hf`, and any scaling rule beside the sections.
+
+    Raises:
+        ValueError: no ``mrope_section`` (a 1-D RoPE config: use :func:`rope_scaling_from_hf`), or
+            sections that do not sum to ``rotary_dim / 2``.
+
+    Examples:
+        >>> mrope_from_hf({"hidden_size": 3584, "num_attention_heads": 28, "rope_theta": 1000000.0,
+        ...                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}})
+        (1000000.0, 128, None, (16, 24, 24), False)
+    """
+    config = _mrope_config(config)
+    params = _rope_params(config, None)
+    section = params.get("mrope_section", config.get("mrope_section"))
+    if section is None:
+        raise ValueError(
+            "this config has no mrope_section (in rope_parameters, rope_scaling or text_config), so it is not a "
+            "multimodal RoPE config; read 1-D RoPE with rope_scaling_from_hf / RotaryEmbedding.from_hf_config"
+        )
+    interleaved = params.get("mrope_interleaved", config.get("mrope_interleaved", False))
+    if not isinstance(interleaved, bool):
+        raise ValueError(f"mrope_interleaved must be true or false, got {interleaved!r}")
+    params = dict(params)
+    for key in ("rope_type", "type"):
+        if params.get(key) == "mrope":                                   # transformers 4's name for the default
+            params[key] = "default"
+    if params.get("rope_type") is None and params.get("type") is not None:
+        params["rope_type"] = params["type"]
+    base, rotary_dim, scaling = _read_rope(config, params)
+    return base, rotary_dim, scaling, check_mrope_section(section, rotary_dim), interleaved
+
+
+def mrope_vision_from_hf(config: object) -> dict[str, Any]:
+    """``{"spatial_merge_size": ..., "tokens_per_second": ...}`` from a Qwen2-VL / Qwen2.5-VL config,
+    as keyword arguments for :func:`posenc.mrope_positions`.
+
+    ``spatial_merge_size`` comes from ``vision_config`` (default 2); ``tokens_per_second`` too,
+    where it exists (Qwen2.5-VL: temporal positions scale with time), else None (Qwen2-VL: one
+    temporal position per frame grid).  Qwen3-VL numbers its video frames differently and raises.
+
+    Examples:
+        >>> mrope_vision_from_hf({"model_type": "qwen2_5_vl", "vision_config": {"spatial_merge_size": 2,
+        ...                       "tokens_per_second": 2}})
+        {'spatial_merge_size': 2, 'tokens_per_second': 2}
+    """
+    config = config_dict(config)
+    model_type = str(config.get("model_type") or "")
+    if model_type.startswith(("qwen3_vl", "qwen3_omni", "glm4v")):
+        raise ValueError(
+            f"model_type={model_type!r} places video frames with timestamps, not the Qwen2-VL / Qwen2.5-VL rule that "
+            f"mrope_positions follows; use the model's own get_rope_index for its positions"
+        )
+    vision = config.get("vision_config")
+    if vision is not None and not isinstance(vision, Mapping):
+        vision = config_dict(vision)
+    vision = vision or {}
+    merge = _validate.check_int("spatial_merge_size", vision.get("spatial_merge_size", 2), minimum=1)
+    tps = vision.get("tokens_per_second", config.get("tokens_per_second"))
+    if isinstance(tps, int) and not isinstance(tps, bool):
+        tps = _validate.check_int("tokens_per_second", tps, minimum=1)
+    elif tps is not None:
+        tps = _validate.check_float("tokens_per_second", tps, positive=True)
+    return {"spatial_merge_size": merge, "tokens_per_second": tps}

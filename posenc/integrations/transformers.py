@@ -12,6 +12,11 @@ the ``patched(model)`` context manager) restores the original.  What changes, pe
   so length-dependent rules (dynamic NTK, LongRoPE) follow the model within a generation (the
   length is the largest position + 1 of each step; transformers' dynamic NTK also remembers the
   longest length seen by earlier calls, posenc does not);
+- **multimodal RoPE** (Qwen2-VL, Qwen2.5-VL; the whole model or its text model): the text model's
+  rotary module returns posenc's exact M-RoPE cos/sin (:class:`posenc.MultimodalRotaryEmbedding`,
+  from :meth:`~posenc.MultimodalRotaryEmbedding.from_hf_config`) for the ``(3, B, S)`` positions the
+  model computes (``get_rope_index`` and its rope deltas are the model's own).  The vision
+  encoder's 2-D rotary embedding is left as it is;
 - **GPT-J**: each attention's sin/cos table is replaced by posenc's exact one;
 - **ALiBi** (BLOOM, MPT): the bias comes from :func:`posenc.alibi_bias` with posenc's slopes;
 - **T5**: the bucketed relative bias comes from :func:`posenc.relative_position_bucket` and the
@@ -37,13 +42,15 @@ from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
 from posenc.nn import RotaryEmbedding
+from posenc.nn.mrope import MultimodalRotaryEmbedding
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "patch_model", "patched", "unpatch_model"]
 
 _ROPE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "gpt_neox",
                "cohere", "glm", "deepseek_v3")
+_MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text")
 #: The model types ``patch_model`` supports.
-SUPPORTED_MODEL_TYPES = (*_ROPE_TYPES, "gptj", "bloom", "mpt", "t5")
+SUPPORTED_MODEL_TYPES = (*_ROPE_TYPES, *_MROPE_TYPES, "gptj", "bloom", "mpt", "t5")
 #: Rows precomputed per rotary table; positions past them are computed exactly on the fly.
 _MAX_TABLE_ROWS = 1 << 14
 _PATCH_ATTR = "_posenc_patches"
@@ -87,7 +94,7 @@ def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> tor
 
     Raises:
         ValueError: an unsupported model, or a configuration posenc cannot read exactly (e.g. MPT
-            with ``alibi_bias_max`` other than 8, multimodal RoPE).
+            with ``alibi_bias_max`` other than 8, multimodal RoPE with a length-dependent scaling rule).
     """
     model_type = _model_type(model)
     if not isinstance(assume_in_table, bool):
@@ -98,6 +105,8 @@ def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> tor
     try:
         if model_type in _ROPE_TYPES:
             _patch_rotary(model, patches, assume_in_table)
+        elif model_type in _MROPE_TYPES:
+            _patch_mrope(model, patches, assume_in_table)
         elif model_type == "gptj":
             _patch_gptj(model, patches)
         elif model_type == "bloom":
@@ -208,6 +217,39 @@ def _rotary_forward(self, x, position_ids, layer_type=None, **kwargs):
             raise ValueError(f"layer_type must be one of {sorted(tables)}, got {layer_type!r}")
         key = next(iter(tables))
     return tables[key](position_ids, x.dtype)
+
+
+def _patch_mrope(model: torch.nn.Module, patches: list, assume_in_table: bool) -> None:
+    for module in list(model.modules()):
+        # the text model's rotary module (the vision encoder's has no mrope_section)
+        if not (type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "mrope_section")
+                and hasattr(module, "config")):
+            continue
+        device = next((b.device for b in module.buffers()), torch.device("cpu"))
+        tables = torch.nn.ModuleDict({"None": _HFMropeTables(module.config, assume_in_table).to(device)})
+        _set(patches, module, "_posenc_tables", tables)
+        _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
+
+
+class _HFMropeTables(torch.nn.Module):
+    """posenc's M-RoPE for a Qwen2-VL-style text model, returning ``(B, S, d)`` cos/sin laid out as
+    the model reads them (``[cos, cos]`` per row).  Its tables stay float32 under ``model.to(dtype)``."""
+
+    def __init__(self, config, assume_in_table: bool) -> None:
+        super().__init__()
+        self.assume_in_table = assume_in_table
+        rows = min(int(getattr(config, "max_position_embeddings", 4096) or 4096), _MAX_TABLE_ROWS)
+        self.rope = MultimodalRotaryEmbedding.from_hf_config(config, max_seq_len=rows)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``(B, S, d)`` for ``(3, B, S)`` positions (``(B, S)`` or ``(1, B, S)``: text)."""
+        if position_ids.dim() == 2:
+            position_ids = position_ids[None]
+        position_ids = position_ids.expand(3, -1, -1)
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        cos, sin = self.rope.cos_sin(position_ids, dtype=work, assume_in_table=self.assume_in_table and
+                                     work == torch.float32)
+        return torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
 
 
 # ---- GPT-J -------------------------------------------------------------------------------------------

@@ -1,0 +1,323 @@
+"""``MultimodalRotaryEmbedding``: multimodal RoPE (M-RoPE) of Qwen2-VL and Qwen2.5-VL for queries and keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posenc import _validate
+from posenc._torch.angles import exact_cos_sin, working_dtype
+from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
+from posenc._torch.checks import (
+    check_float_dtype,
+    check_offset,
+    check_position_bounds,
+    check_qk,
+    check_same_device,
+    inplace_pair_overlaps,
+)
+from posenc._torch.rows import guard_in_table, position_range
+from posenc._torch.tables import TableModule
+from posenc.core import exact as core_exact
+from posenc.core import hf_config as core_hf_config
+from posenc.core import mrope as core_mrope
+from posenc.core import rope as core_rope
+from posenc.core.rope import ROPE_LAYOUTS
+from posenc.functional.mrope import check_mrope_positions
+from posenc.kernels import rope_engine
+
+__all__ = ["MultimodalRotaryEmbedding"]
+
+
+class MultimodalRotaryEmbedding(TableModule):
+    r"""Multimodal rotary position embedding (M-RoPE, Qwen2-VL) applied to queries and keys.
+
+    Every token has three positions, temporal ``t``, height ``h`` and width ``w`` (from
+    :func:`posenc.mrope_positions`).  There is one frequency schedule ``theta_j = base^(-2j/dim)``,
+    ``j = 0 .. dim/2 - 1``; ``mrope_section = (s_t, s_h, s_w)`` (summing to ``dim/2``) assigns the
+    first ``s_t`` slots to ``t``, the next ``s_h`` to ``h`` and the rest to ``w``, and slot ``j``
+    rotates its feature pair by ``p_a(j) * theta_j``::
+
+        slot   0 ..  s_t-1 | s_t .. s_t+s_h-1 | .. dim/2-1     feature pairs (j, j + dim/2), "half"
+        angle  t * theta_j | h * theta_j      | w * theta_j
+
+    With ``mrope_interleaved=True`` the slots go ``t, h, w, t, h, w, ...`` instead (Qwen3-VL; see
+    :func:`posenc.core.mrope.mrope_axis_plan`).  Text tokens carry ``t = h = w``, so for them this is
+    exactly :class:`posenc.RotaryEmbedding` with the same ``dim`` and ``base``.
+
+    Angles are exact (:mod:`posenc.core.exact`): a float32 table of ``cos``/``sin`` for positions
+    ``0 .. max_seq_len - 1`` is built once by :meth:`reset_buffers` (non-persistent buffers that stay
+    float32 after ``module.to(torch.bfloat16)``), each token's row is gathered slot by slot from the
+    positions of its axes, and positions past the table (or float64 inputs) are computed exactly on
+    the fly, autocast off, rounded once.  One range reduction per call decides between the two;
+    ``assume_in_table=True`` skips it (no device synchronisation), and while tracing positions are
+    computed exactly unless promised in the table.  ``forward`` never writes to the module.
+
+    Args:
+        dim: rotary dim (features rotated per head), even; features of ``q`` past it pass through.
+        mrope_section: frequency slots per axis ``(s_t, s_h, s_w)``, summing to ``dim / 2``
+            (Qwen2-VL-7B: ``[16, 24, 24]`` for ``dim=128``).
+        max_seq_len: table rows (positions ``0 .. max_seq_len - 1`` are looked up).
+        base: frequency base (``rope_theta``).
+        mrope_interleaved: Qwen3-VL's interleaved slot assignment instead of contiguous sections.
+        layout: feature pairs ``"half"`` (``i, i + dim/2``; Hugging Face) or ``"interleaved"`` (``2i, 2i+1``).
+        scaling: a context-extension rule whose frequencies do not depend on the sequence length
+            (linear, YaRN, Llama 3, NTK) or None.
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``, as for :class:`posenc.RotaryEmbedding`.
+        device: device of the tables.
+
+    Shape:
+        ``q``: ``(B, H, S, D)`` (``seq_dim=-2``) or ``(B, S, H, D)`` (``seq_dim=1``); ``k`` likewise
+        with its own head count; ``positions``: ``(3, S)`` or ``(3, B, S)``, axes ``t, h, w`` first.
+
+    Examples:
+        >>> mrope = MultimodalRotaryEmbedding(6, [1, 1, 1])                  # theta = 1, 0.0464, 0.00215
+        >>> q = torch.tensor([[[[1.0, 1.0, 1.0, 0.0, 0.0, 0.0]]]])            # (B=1, H=1, S=1, D=6)
+        >>> positions = torch.tensor([[2], [3], [5]])                        # t=2, h=3, w=5
+        >>> mrope(q, positions=positions)[0]                                 # cos(p theta), then sin(p theta)
+        tensor([[[[-0.4161,  0.9903,  0.9999,  0.9093,  0.1388,  0.0108]]]])
+
+    References:
+        Wang et al., "Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any
+        Resolution", arXiv:2409.12191.  Su et al., "RoFormer", arXiv:2104.09864.
+    """
+
+    _table_buffers = ("inv_freq_table", "turns_by_axis", "cos_table", "sin_table")
+    _ignored_state_keys = ("inv_freq", "original_inv_freq", "cos_cached", "sin_cached")
+
+    def __init__(
+        self,
+        dim: int,
+        mrope_section: Any,
+        *,
+        max_seq_len: int = 4096,
+        base: float = 10000.0,
+        mrope_interleaved: bool = False,
+        layout: str = "half",
+        scaling: core_rope.RopeScaling | None = None,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = _validate.check_int("dim", dim, minimum=2)
+        if self.dim % 2:
+            raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
+        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
+        self.base = _validate.check_float("base", base, positive=True)
+        self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+        self.backend = check_rope_backend(backend)
+        plan = core_mrope.mrope_axis_plan(self.dim, mrope_section, interleaved=mrope_interleaved)
+        self.mrope_section = core_mrope.check_mrope_section(mrope_section, self.dim)
+        self.mrope_interleaved = mrope_interleaved
+        if scaling is not None and scaling.length_dependent:
+            raise ValueError(
+                f"MultimodalRotaryEmbedding takes scaling rules whose frequencies do not depend on the sequence "
+                f"length (linear, NTK, YaRN, Llama 3); got {type(scaling).__name__}"
+            )
+        self._freqs = core_rope.frequencies(self.dim, self.base, scaling, None)   # validates scaling and base
+        self.scaling = scaling
+        self.attention_factor = 1.0 if scaling is None else scaling.attention_factor()
+        slots = core_mrope.mrope_axis_slots(plan)
+        self._axis_bounds = tuple(int(sum(len(s) for s in slots[:a])) for a in range(4))   # (0, n_t, n_t+n_h, h)
+        self._contiguous = not mrope_interleaved
+        h = self.dim // 2
+        self.register_buffer("inv_freq_table", torch.empty(h, device=device, dtype=torch.float64), persistent=False)
+        # split frequencies (core.exact) in axis order: slots of t, then of h, then of w
+        self.register_buffer("turns_by_axis", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
+        self.register_buffer("slot_axis", torch.empty(h, device=device, dtype=torch.int64), persistent=False)
+        self.register_buffer("slot_order", torch.empty(h, device=device, dtype=torch.int64), persistent=False)
+        self.register_buffer("cos_table", torch.empty(self.max_seq_len, h, device=device), persistent=False)
+        self.register_buffer("sin_table", torch.empty(self.max_seq_len, h, device=device), persistent=False)
+        self._plan, self._slots = plan, slots
+        self.reset_buffers()
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Any,
+        *,
+        max_seq_len: int = 4096,
+        layout: str | None = None,
+        backend: str = "auto",
+        device=None,
+    ) -> MultimodalRotaryEmbedding:
+        """Build from a Qwen2-VL / Qwen2.5-VL (or Qwen3-VL) configuration, whole or its text config.
+
+        ``mrope_section`` comes from ``rope_parameters`` (transformers 5) or ``rope_scaling``
+        (transformers 4), the base from ``rope_theta``, the rotary dim from ``head_dim`` (else
+        ``hidden_size // num_attention_heads``): see :func:`posenc.core.hf_config.mrope_from_hf`.
+        Raises ``ValueError`` for a config without ``mrope_section``.
+        """
+        base, rotary_dim, scaling, section, interleaved = core_hf_config.mrope_from_hf(config)
+        if layout is None:
+            layout = core_hf_config.rope_layout_from_hf(config)
+        return cls(rotary_dim, section, max_seq_len=max_seq_len, base=base, mrope_interleaved=interleaved,
+                   layout=layout, scaling=scaling, backend=backend, device=device)
+
+    def reset_buffers(self) -> None:
+        """(Re)build the tables in place, e.g. after meta-device construction and ``to_empty``."""
+        device = self.cos_table.device
+        if device.type == "meta":
+            return
+        order = [int(j) for s in self._slots for j in s]
+        turns = core_exact.turns_split(self._freqs)                             # (4, h), slot order
+        with torch.no_grad():
+            self.inv_freq_table.copy_(torch.tensor([float(f) for f in self._freqs], dtype=torch.float64))
+            self.turns_by_axis.copy_(torch.from_numpy(turns[:, order].copy()))
+            self.slot_axis.copy_(torch.from_numpy(self._plan))
+            self.slot_order.copy_(torch.tensor(order, dtype=torch.int64))
+            c, s = exact_cos_sin(torch.arange(self.max_seq_len, device=device), turns, self.attention_factor,
+                                 torch.float32)
+            self.cos_table.copy_(c)
+            self.sin_table.copy_(s)
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """The float64 inverse frequencies ``(dim/2,)`` (one schedule for all three axes)."""
+        return self.inv_freq_table
+
+    # ---- cos/sin rows ------------------------------------------------------------------------------
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32, assume_in_table: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` of shape ``positions.shape[1:] + (dim/2,)`` for ``(3, ...)`` positions.
+
+        Slot ``j`` holds ``cos(p_a(j) * theta_j)`` (attention factor included), ``a(j)`` the axis
+        that drives slot ``j``.  ``assume_in_table`` promises that every position lies in
+        ``[0, max_seq_len)`` (no device read; the lookup stays bounds-checked).
+        """
+        positions = check_mrope_positions(positions)
+        if positions.device != self.cos_table.device:
+            check_same_device("positions", positions, "the tables", self.cos_table.device)
+        check_float_dtype("dtype", dtype)
+        if type(assume_in_table) is not bool:
+            raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+        rng = self._range(positions, assume_in_table)
+        return self._rows(positions, rng, assume_in_table and dtype == torch.float32, dtype)
+
+    def _range(self, positions: torch.Tensor, assume: bool) -> tuple[int, int] | None:
+        """``(min, max)`` of the positions (one device read), or None: promised, traced, empty or meta."""
+        if assume or not positions.numel() or positions.is_meta or torch.compiler.is_compiling():
+            return None
+        rng = position_range(positions)
+        check_position_bounds("positions", *rng)
+        return rng
+
+    def _rows(self, positions: torch.Tensor, rng, assumed: bool, dtype: torch.dtype):
+        """cos/sin rows for ``(3, ...)`` positions: from the tables when in range (or promised), else exact."""
+        in_table = rng is not None and 0 <= rng[0] and rng[1] < self.max_seq_len
+        if dtype == torch.float32 and (in_table or assumed):
+            if rng is None and torch.compiler.is_compiling():
+                guard_in_table("positions", positions, self.max_seq_len)
+            h = self.dim // 2
+            per_slot = positions.movedim(0, -1).index_select(-1, self.slot_axis)     # (..., h): p_a(j)
+            flat = per_slot.long() * h + torch.arange(h, device=positions.device)      # row-major table index
+            try:
+                return torch.take(self.cos_table, flat), torch.take(self.sin_table, flat)
+            except (IndexError, RuntimeError):                                         # a broken promise
+                raise ValueError(
+                    f"positions must lie in [0, {self.max_seq_len}) for the tables (they were promised to with "
+                    f"assume_in_table=True); drop the promise to have them checked or computed"
+                ) from None
+        parts = []
+        for axis in range(3):
+            lo, hi = self._axis_bounds[axis], self._axis_bounds[axis + 1]
+            if hi > lo:
+                parts.append(exact_cos_sin(positions[axis], self.turns_by_axis[:, lo:hi], self.attention_factor, dtype))
+        cos, sin = torch.cat([c for c, _ in parts], -1), torch.cat([s for _, s in parts], -1)   # (..., h) axis order
+        if self._contiguous:
+            return cos, sin
+        return (torch.empty_like(cos).index_copy_(-1, self.slot_order, cos),
+                torch.empty_like(sin).index_copy_(-1, self.slot_order, sin))
+
+    # ---- rotation ----------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        offset: int = 0,
+        seq_dim: int = -2,
+        inplace: bool = False,
+        assume_in_table: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
+
+        Args:
+            q: queries ``(B, H, S, D)`` or, with ``seq_dim=1``, ``(B, S, H, D)``; ``D >= dim``.
+            k: keys of the same layout and sequence length (any head count), or None.
+            positions: integer ``(3, S)`` or ``(3, B, S)`` positions, axes ``t, h, w`` (e.g. from
+                :func:`posenc.mrope_positions`); default: text positions ``offset + arange(S)`` on
+                all three axes.
+            offset: first text position when ``positions`` is None (decoding step by step; with a
+                prompt's rope delta ``d``, the token after ``n`` cached ones is at ``n + d``).
+            seq_dim: sequence axis of ``q`` and ``k``.
+            inplace: rotate ``q`` and ``k`` in place.
+            assume_in_table: promise that every position lies in ``[0, max_seq_len)``.
+        """
+        sd = check_qk(q, k, seq_dim, self.dim)
+        if type(inplace) is not bool:
+            raise TypeError(f"inplace must be a bool, got {inplace!r}")
+        if type(assume_in_table) is not bool:
+            raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+        if inplace and inplace_pair_overlaps(q, k):                      # views of one buffer: rotate, then copy
+            qr, kr = self.forward(q, k, positions=positions, offset=offset, seq_dim=sd, assume_in_table=assume_in_table)
+            return q.copy_(qr), k.copy_(kr)
+        length = q.shape[sd]
+        batch = q.shape[0] if sd > 0 else None
+        device = q.device
+        if device != self.cos_table.device:
+            check_same_device("q", q, "the tables", self.cos_table.device)
+        tracing = torch.compiler.is_compiling()
+        if positions is None:
+            offset = check_offset(offset)
+            if not tracing:
+                check_position_bounds("positions", offset, offset + max(length, 1) - 1)
+            positions = torch.arange(length, device=device).add_(offset).expand(3, -1)        # (3, S) text
+            rng = None if tracing else (offset, offset + length - 1)
+        else:
+            if not (type(offset) is int and offset == 0):
+                raise ValueError("pass either positions or offset, not both (add the offset to positions)")
+            positions = check_mrope_positions(positions)
+            fits = positions.shape[-1] == length and (
+                positions.dim() == 2 or positions.dim() == 3 and batch is not None and positions.shape[1] in (1, batch))
+            if not fits:
+                allowed = "(3, S)" if batch is None else f"(3, S) or (3, B, S) with B={batch}"
+                raise ValueError(f"positions must have shape {allowed}, S={length}; got {tuple(positions.shape)}")
+            if positions.device != device:
+                raise ValueError(f"positions are on {positions.device} but q on {device}; move them with .to()")
+            rng = None
+        if not tracing and not length:
+            return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
+        if rng is None:
+            rng = self._range(positions, assume_in_table)
+        cos, sin = self._rows(positions, rng, assume_in_table and q.dtype != torch.float64, working_dtype(q.dtype))
+        if cos.dim() == 3 and cos.shape[0] == 1:
+            cos, sin = cos[0], sin[0]                                     # one row set shared by the batch
+        engine = self._engine(q, k, sd)
+        if cos.dim() == 2:                                                # (S, h)
+            return engine(q, k, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout, seq_dim=sd,
+                          inplace=inplace)
+        index = torch.arange(cos.shape[0] * cos.shape[1], device=device).view(cos.shape[:2])   # (B, S) rows
+        return engine(q, k, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
+                      layout=self.layout, seq_dim=sd, inplace=inplace)
+
+    def _engine(self, q, k, sd):
+        """The engine for this call, decided once (no device reads)."""
+        if not kernel_possible(self.backend, q):
+            return rope_engine("torch")
+        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
+        return rope_engine(resolve_rope_backend(self.backend, q, why))
+
+    def extra_repr(self) -> str:
+        parts = [f"{self.dim}", f"mrope_section={list(self.mrope_section)}", f"max_seq_len={self.max_seq_len}",
+                 f"base={self.base:g}", f"layout={self.layout!r}"]
+        if self.mrope_interleaved:
+            parts.append("mrope_interleaved=True")
+        if self.scaling is not None:
+            parts.append(f"scaling={self.scaling!r}")
+        return ", ".join(parts)
