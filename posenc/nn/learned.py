@@ -6,9 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc import _validate
 from posenc._torch.checks import check_embeddings, check_float_dtype, check_position_args, check_same_device
 from posenc._torch.rows import position_range
 from posenc.core.sinusoidal import check_learned_args
+from posenc.functional.resize import resize_position_embedding
 from posenc.functional.sinusoidal import sinusoidal_table
 
 __all__ = ["LearnedPositionalEmbedding"]
@@ -16,7 +18,7 @@ __all__ = ["LearnedPositionalEmbedding"]
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """Adds a learned embedding of each absolute position to ``x`` (BERT, GPT-2; seed 002's option 3).
+    """Adds a learned embedding of each absolute position to ``x`` (BERT, GPT-2).
 
     Unlike a fixed encoding, a learned table cannot represent positions it has no row for: a position
     ``>= num_positions`` raises :class:`ValueError` (never an index error or a device assert).
@@ -97,6 +99,65 @@ class LearnedPositionalEmbedding(nn.Module):
                 )
         pe = F.embedding(positions, self.weight, padding_idx=self.padding_idx)   # (..., S, D)
         return x + pe.to(x.dtype)
+
+    def resize(
+        self, num_positions: int, *, mode: str = "cubic", antialias: bool = True
+    ) -> LearnedPositionalEmbedding:
+        """A new module whose table is this one resampled to ``num_positions`` rows.
+
+        The rows are resampled as a curve along the position axis by
+        :func:`~posenc.functional.resize.resize_position_embedding` (computed in float32, or float64
+        for a float64 weight, and rounded once to the weight's dtype), as when a model trained on
+        short sequences is extended to longer ones.  ``self`` is left unchanged (an optimizer holding
+        its weight keeps working on it): assign the result, ``model.pos = model.pos.resize(1024)``,
+        and hand the new parameters to the optimizer.  The new module has the same ``dim``, ``init``,
+        ``padding_idx``, dtype, device, ``requires_grad`` and training mode; its weight is a new leaf
+        parameter (to backpropagate through the resize, call the function on ``weight`` instead).
+        ``init`` is kept for :meth:`reset_parameters`, which draws a fresh table of the new size.
+
+        With a ``padding_idx``, rows ``0..padding_idx`` are kept unchanged at their indices (the
+        padding row stays zero) and only the positions after it are resampled, as in the fairseq and
+        RoBERTa convention where real positions start at ``padding_idx + 1``.
+
+        Args:
+            num_positions: rows of the new table (more than ``padding_idx + 1``).
+            mode: ``"cubic"`` (default), ``"linear"``, ``"nearest"``, ``"nearest-exact"`` or ``"area"``.
+            antialias: low-pass filter when shrinking (``"cubic"``/``"linear"`` only; pass ``False``
+                with the other modes).
+
+        Returns:
+            A new :class:`LearnedPositionalEmbedding` with ``num_positions`` rows.
+
+        Raises:
+            TypeError: if ``num_positions`` is not an int.
+            ValueError: if ``num_positions < 1``, ``mode`` is unknown, or no position would remain
+                after the ``padding_idx`` row (in the new or the current table).
+
+        Examples:
+            >>> emb = LearnedPositionalEmbedding(4, 1, init="zeros")
+            >>> with torch.no_grad():
+            ...     _ = emb.weight.copy_(torch.arange(4.0).view(4, 1))
+            >>> emb.resize(8, mode="linear", antialias=False).weight.detach().view(-1)
+            tensor([0.0000, 0.2500, 0.7500, 1.2500, 1.7500, 2.2500, 2.7500, 3.0000])
+        """
+        num_positions = _validate.check_int("num_positions", num_positions, minimum=1)
+        kept = 0 if self.padding_idx is None else self.padding_idx + 1         # rows 0..padding_idx stay
+        if kept and (num_positions <= kept or self.num_positions <= kept):
+            raise ValueError(
+                f"resize keeps rows 0..padding_idx={self.padding_idx} and resamples the positions after them, "
+                f"so both tables need more than {kept} rows; got num_positions={num_positions} "
+                f"(current {self.num_positions}); pass num_positions > {kept}, or resize the weight with "
+                f"resize_position_embedding(weight, n, prefix_tokens=...) and build a module without padding_idx"
+            )
+        with torch.no_grad():
+            weight = resize_position_embedding(
+                self.weight, num_positions - kept, prefix_tokens=kept, mode=mode, antialias=antialias)
+            if weight is self.weight:                                            # same size: still a copy
+                weight = weight.clone()
+        new = type(self)(num_positions, self.dim, init=self.init, padding_idx=self.padding_idx,
+                         device="meta", dtype=self.weight.dtype)                 # no init work, no RNG draw
+        new.weight = nn.Parameter(weight, requires_grad=self.weight.requires_grad)
+        return new.train(self.training)
 
     def extra_repr(self) -> str:
         return f"{self.num_positions}, {self.dim}, init={self.init!r}, padding_idx={self.padding_idx}"
