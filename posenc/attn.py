@@ -41,7 +41,10 @@ class AttentionEncoding(Protocol):
     :class:`~posenc.AlibiBias` and :class:`~posenc.RelativePositionBias` implement it.
 
     Positions are integer tensors ``(S,)``/``(B, S)`` (queries) and ``(S_k,)``/``(B, S_k)`` (keys);
-    for the score modification they are ``(B, S)`` and ``(B, S_k)`` (padded to flex's blocks).
+    for the score modification they are ``(B, S)`` and ``(B, S_k)`` (padded to flex's blocks).  An
+    encoding with an int attribute ``position_axes = n`` receives per-axis coordinates
+    ``(S, n)``/``(B, S, n)`` in :meth:`attention_qk` instead (its bias and score modification, if
+    any, then see token indices).
     """
 
     def attention_qk(self, q: torch.Tensor, k: torch.Tensor, *, positions: torch.Tensor,
@@ -145,6 +148,35 @@ def _all_positions(q, k, positions, key_positions, segment_ids):
             _positions_arg("key_positions", key_positions, B, S_k, q.device), segment_ids)
 
 
+def _axial_positions(q, k, positions, key_positions, axes: int, causal, segment_ids):
+    """Per-axis coordinates ``(S, axes)``/``(B, S, axes)`` for an encoding that declares
+    ``position_axes``; ``key_positions`` default to ``positions`` when queries and keys have one length."""
+    B, S, S_k = q.shape[0], q.shape[2], k.shape[2]
+    if causal or segment_ids is not None:
+        raise ValueError(
+            f"causal and segment_ids compare scalar positions, but this encoding takes {axes} coordinates per token; "
+            f"pass the mask as attn_mask (bool (S, S_k), True = attend) instead"
+        )
+    if positions is None:
+        raise ValueError(
+            f"this encoding takes per-axis coordinates: pass positions of shape ({S}, {axes}) or ({B}, {S}, {axes}) "
+            f"(e.g. posenc.functional.axial.grid_positions)"
+        )
+    if key_positions is None:
+        if S != S_k:
+            raise ValueError(f"queries ({S}) and keys ({S_k}) differ in length: pass key_positions ({S_k}, {axes})")
+        key_positions = positions
+    out = []
+    for name, p, length in (("positions", positions, S), ("key_positions", key_positions, S_k)):
+        p = check_positions(name, p)
+        if p.dim() not in (2, 3) or p.shape[-2:] != (length, axes) or (p.dim() == 3 and p.shape[0] not in (1, B)):
+            raise ValueError(f"{name} must have shape ({length}, {axes}) or ({B}, {length}, {axes}), got {tuple(p.shape)}")
+        if p.device != q.device:
+            raise ValueError(f"{name} are on {p.device} but q on {q.device}; move them with .to(q.device)")
+        out.append(p)
+    return out[0], out[1]
+
+
 def _host_offsets(q, k, positions, key_positions, segment_ids) -> tuple[int | None, int | None]:
     """First query and key positions where the defaults make them ranges known on the host."""
     if segment_ids is not None:
@@ -210,7 +242,10 @@ def attention(
             forward and shares it across layers.  Additive encodings
             (:class:`~posenc.SinusoidalEncoding`, :class:`~posenc.LearnedPositionalEmbedding`)
             belong on the embeddings and raise ``TypeError`` here.
-        positions: query positions ``(S,)`` or ``(B, S)``.  Default: restart at 0 in every segment
+        positions: query positions ``(S,)`` or ``(B, S)``; for an encoding with ``position_axes = n``
+            (:class:`~posenc.nn.axial_rotary.AxialRotaryEmbedding`) per-axis coordinates ``(S, n)`` or
+            ``(B, S, n)``, required, with ``key_positions`` defaulting to them, and no ``causal`` or
+            ``segment_ids`` (they compare scalar positions; use ``attn_mask``).  Default: restart at 0 in every segment
             if ``segment_ids`` is given, else the *last* ``S`` key positions
             (``S_k - S .. S_k - 1``), which is what a query after cached keys needs.
         key_positions: key positions ``(S_k,)`` or ``(B, S_k)``; default like ``positions`` with
@@ -259,15 +294,22 @@ def attention(
     if not isinstance(assume_in_table, bool):
         raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
     seq_len = check_seq_len(seq_len)                  # checked even where the encoding does not read it
-    offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
-    positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
+    axes = getattr(encoding, "position_axes", None) if not isinstance(encoding, torch.Tensor) else None
+    if axes is None:
+        offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
+        positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
+        enc_positions, enc_key_positions = positions, key_positions
+    else:                                             # per-axis coordinates (..., S, n_axes), for the encoding only
+        enc_positions, enc_key_positions = _axial_positions(q, k, positions, key_positions, axes, causal, segment_ids)
+        offsets = (None, None)
+        positions, key_positions, segment_ids = _all_positions(q, k, None, None, None)   # token indices (masks)
     B, H, S, _ = q.shape
     bias = None
     if isinstance(encoding, torch.Tensor):
         bias = _precomputed_bias(encoding, B, H, S, k.shape[2], q.device)
     elif encoding is not None:
-        q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=positions,
-                                         key_positions=key_positions, seq_len=seq_len, offsets=offsets,
+        q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=enc_positions,
+                                         key_positions=enc_key_positions, seq_len=seq_len, offsets=offsets,
                                          assume_in_table=assume_in_table)
         k = k if keys_rotated else k_rot
     if backend == "flex":

@@ -1,0 +1,450 @@
+"""``AxialRotaryEmbedding``: N-axis rotary embeddings (FLUX, EVA/timm) and learned RoPE-Mixed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from posenc import _validate
+from posenc._torch.angles import _no_autocast, exact_cos_sin, working_dtype
+from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
+from posenc._torch.checks import (
+    check_float_dtype,
+    check_position_bounds,
+    check_qk,
+    check_same_device,
+    inplace_pair_overlaps,
+)
+from posenc._torch.rows import guard_in_table, position_range
+from posenc._torch.tables import TableModule
+from posenc.core import axial as core_axial
+from posenc.core import exact as core_exact
+from posenc.core.rope import ROPE_LAYOUTS
+from posenc.functional import axial as functional_axial
+from posenc.kernels import rope_engine, torch_rope
+
+__all__ = ["AxialRotaryEmbedding"]
+
+
+class AxialRotaryEmbedding(TableModule):
+    r"""Rotary embedding over several position axes (time, height, width, ...), fixed or learned.
+
+    Every token has one integer coordinate per axis: ``positions (S, n_axes)`` shared by the batch,
+    or ``(B, S, n_axes)`` (e.g. from :func:`~posenc.functional.axial.grid_positions`).  The first
+    ``dim = sum(axes_dims)`` features of each head split into one block per axis, in the order of
+    the positions' columns; the rest pass through.  Block ``a`` rotates pair ``i`` by
+    ``p_a * base^(-2i / axes_dims[a])`` (the frequencies restart in every block), so attention
+    scores depend only on the offset along every axis.
+
+    ``layout="interleaved"`` (default) pairs features ``(2i, 2i+1)`` inside each block, as FLUX's
+    ``EmbedND`` (``axes_dims=(16, 56, 56)``, positions ``(0, h, w)`` for image tokens and zeros for
+    text, ``base=10000``) and EVA/timm's 2-D RoPE (``axes_dims=(D/2, D/2)``, positions ``(h, w)``,
+    class tokens at the origin, i.e. not rotated) do; ``layout="half"`` pairs ``(i, i + d_a/2)``
+    inside each block.  The interleaved blocks concatenate into an ordinary interleaved cos/sin row
+    per token, which the RoPE engines (torch, or the fused Triton kernel) apply.
+
+    Fixed frequencies: cos/sin of coordinates ``0 .. max_positions - 1`` per axis are built once
+    from exact angles (see :mod:`posenc.core.exact`) and rounded once to float32 (non-persistent
+    buffers that stay float32 after ``module.to(torch.bfloat16)``); a token's row is gathered
+    from them, so every value is within 1 ulp.  Coordinates outside the table (or float64 inputs)
+    are computed exactly on the fly.  One range reduction per call decides; pass
+    ``assume_in_table=True`` to skip it (no device read), or precompute the rows once per grid with
+    :meth:`cos_sin` and pass them as ``cos_sin=``.
+
+    ``learned=True`` is RoPE-Mixed (Heo et al. 2024): the frequencies are a parameter
+    ``freqs (n_axes, num_heads, dim/2)``, and pair ``j`` of head ``h`` rotates by
+    ``sum_a p_a * freqs[a, h, j]``, mixing all axes.  They are initialised as in the paper: the
+    pairs form ``n_axes`` groups, group ``g`` points along column ``g`` of a random rotation per
+    head (two axes: a uniform angle ``phi``, giving ``[cos phi, cos(phi + pi/2)]`` and
+    ``[sin phi, sin(phi + pi/2)]``; more axes: a uniformly random rotation), with magnitudes
+    ``base^(-2 n_axes j / dim)`` and ``base = 10`` by default (the paper's ``theta``).  Draws use
+    torch's generator (``torch.manual_seed``).  Angles are computed in float64 from the parameter
+    (with autocast off), not from the exact tables, and gradients reach ``freqs``; rotation runs in
+    the torch engine (per-head rows).  ``axes_dims`` then only sets ``n_axes`` and ``dim``;
+    ``module.to(torch.bfloat16)`` rounds the parameter like any other.
+
+    Args:
+        axes_dims: features per axis, each even, e.g. ``(16, 56, 56)``.
+        base: frequency base (``theta``); default 10000 (fixed) or 10 (learned, the paper's).
+        layout: ``"interleaved"`` (pairs ``2i, 2i+1`` per block) or ``"half"`` (``i, i + d_a/2``).
+        learned: RoPE-Mixed learned frequencies (needs ``num_heads``).
+        num_heads: heads of q and k (learned mode: one set of frequencies per head).
+        max_positions: coordinates ``0 .. max_positions - 1`` per axis precomputed (fixed mode).
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``, decided once per call as for
+            :class:`~posenc.RotaryEmbedding`.
+        device: device of the tables and the parameter.
+
+    Shape:
+        ``q``: ``(B, H, S, D)`` (``seq_dim=-2``) or ``(B, S, H, D)`` (``seq_dim=1``), ``D >= dim``;
+        ``k`` likewise (any head count in fixed mode, ``num_heads`` in learned mode);
+        ``positions``: ``(S, n_axes)`` or ``(B, S, n_axes)`` integers.
+
+    Examples:
+        >>> from posenc.functional.axial import grid_positions
+        >>> rope = AxialRotaryEmbedding((2, 2))
+        >>> q = torch.tensor([[[[1.0, 0.0, 1.0, 0.0]] * 2]])            # (1, 1, 2, 4)
+        >>> rope(q, positions=torch.tensor([[0, 0], [0, 1]]))[0]
+        tensor([[[[1.0000, 0.0000, 1.0000, 0.0000],
+                  [1.0000, 0.0000, 0.5403, 0.8415]]]])
+
+    References:
+        Su et al., "RoFormer", arXiv:2104.09864; Fang et al., "EVA-02", arXiv:2303.11331;
+        Black Forest Labs, FLUX.1 (``EmbedND``); Heo et al., "Rotary Position Embedding for Vision
+        Transformer", arXiv:2403.13298 (RoPE-Mixed).
+    """
+
+    _table_buffers = ("turns", "packed_table", "pair_index", "half_perm", "half_inverse")
+
+    def __init__(
+        self,
+        axes_dims: Sequence[int],
+        *,
+        base: float | None = None,
+        layout: str = "interleaved",
+        learned: bool = False,
+        num_heads: int | None = None,
+        max_positions: int = 1024,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.axes_dims = core_axial.check_axes_dims(axes_dims)
+        self.n_axes = self.position_axes = len(self.axes_dims)
+        self.dim = sum(self.axes_dims)
+        if not isinstance(learned, bool):
+            raise TypeError(f"learned must be a bool, got {learned!r}")
+        self.learned = learned
+        default_base = core_axial.MIXED_BASE if learned else 10000.0
+        self.base = default_base if base is None else _validate.check_float("base", base, positive=True)
+        self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+        self.max_positions = _validate.check_int("max_positions", max_positions, minimum=1)
+        self.backend = check_rope_backend(backend)
+        h = self.dim // 2
+        if learned:
+            if num_heads is None:
+                raise ValueError("learned=True (RoPE-Mixed) learns frequencies per head: pass num_heads=")
+            self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
+            core_axial.check_mixed_dim(self.dim, self.n_axes)
+            self.freqs = nn.Parameter(torch.empty(self.n_axes, self.num_heads, h, device=device))
+        else:
+            self.num_heads = None if num_heads is None else _validate.check_int("num_heads", num_heads, minimum=1)
+            self._freqs = core_axial.axial_frequencies(self.axes_dims, self.base)
+            self.register_buffer("turns", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
+            # (cos, sin) pairs of every frequency at coordinates 0 .. max_positions - 1: (P, 2h)
+            self.register_buffer("packed_table", torch.empty(self.max_positions, 2 * h, device=device),
+                                 persistent=False)
+            # row of a pair in the (P * h, 2) view of the table: coordinate * h + pair
+            self.register_buffer("pair_index", torch.empty(2, h, device=device, dtype=torch.int64), persistent=False)
+        self.register_buffer("half_perm", torch.empty(self.dim, device=device, dtype=torch.int64), persistent=False)
+        self.register_buffer("half_inverse", torch.empty(self.dim, device=device, dtype=torch.int64), persistent=False)
+        self.reset_buffers()
+        if learned:
+            self.reset_parameters()
+
+    # ---- construction ------------------------------------------------------------------------------
+
+    def reset_buffers(self) -> None:
+        """(Re)build the tables in place, e.g. after meta-device construction and ``to_empty``."""
+        device = self.half_perm.device
+        if device.type == "meta":
+            return
+        with torch.no_grad():
+            perm, inverse = functional_axial.half_index(self.axes_dims, self.dim, device)
+            self.half_perm.copy_(perm)
+            self.half_inverse.copy_(inverse)
+            if self.learned:
+                return
+            self.turns.copy_(torch.from_numpy(core_exact.turns_split(self._freqs).copy()))
+            h = self.dim // 2
+            self.pair_index[0].copy_(torch.from_numpy(core_axial.pair_axes(self.axes_dims)))
+            self.pair_index[1].copy_(torch.arange(h))
+            grid = torch.arange(self.max_positions, device=device)
+            c, s = exact_cos_sin(grid, self.turns, 1.0, torch.float32)                  # (P, h), one rounding
+            self.packed_table.copy_(torch.stack([c, s], -1).flatten(-2))          # (P, 2h)
+
+    def reset_parameters(self) -> None:
+        """Draw RoPE-Mixed's initial frequencies (learned mode) with torch's generator."""
+        if not self.learned:
+            return
+        n, heads = self.n_axes, self.num_heads
+        uniform = torch.rand(heads, dtype=torch.float64).numpy()
+        normal = torch.randn(heads, n, n, dtype=torch.float64).numpy() if n > 2 else None
+        rotations = core_axial.mixed_rotations(heads, n, uniform, normal)
+        init = core_axial.mixed_frequencies(self.dim, n, rotations, self.base)
+        with torch.no_grad():
+            if self.freqs.device.type != "meta":
+                self.freqs.copy_(torch.from_numpy(init))
+
+    # ---- rows ------------------------------------------------------------------------------------
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32, assume_in_table: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` rows for ``positions (..., S, n_axes)``, to reuse across calls (``cos_sin=``).
+
+        Fixed mode: ``(..., S, dim/2)``, exact, each value rounded once to ``dtype``.  Learned mode:
+        ``(..., num_heads, S, dim/2)``, differentiable with respect to ``freqs``.
+        """
+        check_float_dtype("dtype", dtype)
+        positions = functional_axial.check_axial_positions("positions", positions, self.n_axes)
+        device = self.half_perm.device
+        if positions.device != device:
+            check_same_device("positions", positions, "the tables", device)
+        if self.learned:
+            return self._learned_cos_sin(positions, dtype)
+        kind, *rows = self._fixed_rows(positions, working_dtype(dtype), assume_in_table)
+        if kind == "packed":
+            rows = [rows[0][..., 0::2], rows[0][..., 1::2]]
+        return rows[0].to(dtype), rows[1].to(dtype)
+
+    def _fixed_rows(self, positions: torch.Tensor, dtype: torch.dtype, assume: bool):
+        """``("packed", (..., 2h))`` gathered from the table, or ``("cos_sin", cos, sin)`` computed."""
+        table = self._buffers["packed_table"]
+        tracing = torch.compiler.is_compiling()
+        rows = table.shape[0]
+        in_table = False
+        if dtype == torch.float32:
+            if assume:
+                in_table = True
+                if tracing:
+                    guard_in_table("positions", positions, rows)
+            elif not tracing and positions.numel() and not positions.is_meta:
+                lo, hi = position_range(positions)
+                check_position_bounds("positions", lo, hi)
+                in_table = 0 <= lo and hi < rows
+        elif not tracing and positions.numel() and not positions.is_meta:
+            check_position_bounds("positions", *position_range(positions))
+        if in_table:
+            return "packed", self._gather(table, positions)
+        c, s = functional_axial.axial_exact_cos_sin(positions, self.turns, self.axes_dims, dtype)
+        return "cos_sin", c, s
+
+    def _gather(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Packed rows ``(..., 2h)``: pair ``j`` reads coordinate ``positions[..., axis(j)]``."""
+        h = self.dim // 2
+        axis, pair = self._buffers["pair_index"]
+        index = positions.index_select(-1, axis) * h + pair                          # (..., h)
+        try:
+            out = torch.embedding(table.view(-1, 2), index)                          # (..., h, 2)
+        except IndexError:                                                           # a broken promise
+            raise ValueError(
+                f"positions must lie in [0, {table.shape[0]}) for this table (they were promised to with "
+                f"assume_in_table=True); drop the promise to have them checked or computed"
+            ) from None
+        return out.flatten(-2)
+
+    def _learned_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """``(..., H, S, h)`` cos/sin of ``sum_a p_a * freqs[a]`` in float64, rounded to ``dtype``."""
+        freqs = self.freqs
+        with _no_autocast(positions.device):
+            p = positions.to(torch.float64)                                           # (..., S, n)
+            f = freqs.to(torch.float64).flatten(1)                                    # (n, H * h)
+            angles = (p @ f).unflatten(-1, (self.num_heads, self.dim // 2))          # (..., S, H, h)
+            angles = angles.transpose(-3, -2)                                         # (..., H, S, h)
+            return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+
+    # ---- forward ---------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+        seq_dim: int = -2,
+        inplace: bool = False,
+        assume_in_table: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
+
+        Args:
+            q: queries ``(B, H, S, D)`` or, with ``seq_dim=1``, ``(B, S, H, D)``; ``D >= dim``.
+            k: keys of the same layout and sequence length, or None.
+            positions: integer coordinates ``(S, n_axes)`` or ``(B, S, n_axes)``.
+            cos_sin: rows from :meth:`cos_sin` instead of ``positions`` (computed once per grid).
+            seq_dim: sequence axis of ``q`` and ``k``.
+            inplace: rotate ``q`` and ``k`` in place.
+            assume_in_table: promise that every coordinate lies in ``[0, max_positions)``, so that
+                their range is not read from the device (the lookup stays bounds-checked).
+        """
+        sd = check_qk(q, k, seq_dim, self.dim)
+        if type(inplace) is not bool:
+            raise TypeError(f"inplace must be a bool, got {inplace!r}")
+        if type(assume_in_table) is not bool:
+            raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+        if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
+            qr, kr = self.forward(q, k, positions=positions, cos_sin=cos_sin, seq_dim=sd,
+                                  assume_in_table=assume_in_table)
+            return q.copy_(qr), k.copy_(kr)
+        if self.learned:
+            self._check_learned_heads(q, k, sd)
+        rows = self._call_rows(q, sd, positions, cos_sin, assume_in_table)
+        engine = self._engine(q, k, sd, rows[0])
+        return self._rotate(engine, q, k, sd, rows, inplace)
+
+    def rotate(
+        self,
+        x: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+        seq_dim: int = -2,
+        inplace: bool = False,
+        assume_in_table: bool = False,
+    ) -> torch.Tensor:
+        """Rotate one tensor (queries or keys) at its own positions; see :meth:`forward`."""
+        return self.forward(x, None, positions=positions, cos_sin=cos_sin, seq_dim=seq_dim, inplace=inplace,
+                            assume_in_table=assume_in_table)[0]
+
+    def _check_learned_heads(self, q, k, sd):
+        if q.dim() != 4 or sd not in (1, 2):
+            raise ValueError(
+                f"learned (RoPE-Mixed) frequencies differ per head, so q must be 4-D (B, H, S, D) (seq_dim=-2) or "
+                f"(B, S, H, D) (seq_dim=1); got shape {tuple(q.shape)} with seq_dim={sd}"
+            )
+        head = 1 if sd == 2 else 2
+        for name, t in (("q", q), ("k", k)):
+            if t is not None and t.shape[head] != self.num_heads:
+                raise ValueError(
+                    f"{name} has {t.shape[head]} heads but the learned frequencies were built for num_heads="
+                    f"{self.num_heads}; pass tensors with that many heads (repeat shared key heads first)"
+                )
+
+    def _call_rows(self, q, sd, positions, cos_sin, assume):
+        """The rows of this call, checked: ``("packed", rows)`` or ``("cos_sin", cos, sin)``."""
+        length = q.shape[sd]
+        batch = q.shape[0] if sd > 0 else None
+        device = q.device
+        if cos_sin is not None:
+            if positions is not None:
+                raise ValueError("pass either positions or cos_sin (rows from cos_sin(positions)), not both")
+            return ("cos_sin", *self._check_rows(cos_sin, length, batch, device))
+        if positions is None:
+            raise ValueError(
+                f"positions are required: integer coordinates (S, {self.n_axes}) or (B, S, {self.n_axes}), e.g. "
+                f"from posenc.functional.axial.grid_positions (or pass cos_sin=)"
+            )
+        positions = functional_axial.check_axial_positions("positions", positions, self.n_axes)
+        lead = positions.shape[:-2]
+        if positions.dim() > 3 or positions.shape[-2] != length or (
+                lead and (batch is None or lead[0] not in (1, batch))):
+            allowed = f"({length}, {self.n_axes})" + ("" if batch is None else f" or ({batch}, {length}, {self.n_axes})")
+            raise ValueError(f"positions must have shape {allowed}; got {tuple(positions.shape)}")
+        if positions.device != device:
+            raise ValueError(f"positions are on {positions.device} but q on {device}; move them with .to()")
+        if self.half_perm.device != device:
+            check_same_device("q", q, "the tables", self.half_perm.device)
+        if lead and lead[0] == 1:
+            positions = positions[0]                                     # shared by the batch: (S, n)
+        if self.learned:
+            return ("cos_sin", *self._learned_cos_sin(positions, working_dtype(q.dtype)))
+        return self._fixed_rows(positions, working_dtype(q.dtype), assume)
+
+    def _check_rows(self, cos_sin, length, batch, device):
+        if not (isinstance(cos_sin, (tuple, list)) and len(cos_sin) == 2):
+            raise TypeError("cos_sin must be the (cos, sin) pair returned by cos_sin(positions)")
+        cos, sin = cos_sin
+        for name, t in (("cos", cos), ("sin", sin)):
+            if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point):
+                raise TypeError(f"cos_sin's {name} must be a floating tensor, got {getattr(t, 'dtype', type(t))}")
+            if t.device != device:
+                raise ValueError(f"cos_sin's {name} is on {t.device} but q on {device}; move it with .to()")
+        h = self.dim // 2
+        heads = () if not self.learned else (self.num_heads,)
+        shape = tuple(cos.shape)
+        lead = shape[: len(shape) - 2 - len(heads)]
+        ok = cos.shape == sin.shape and shape[-1] == h and len(lead) <= 1 and shape[-2] == length and (
+            tuple(shape[len(lead) : len(lead) + len(heads)]) == heads) and (
+            not lead or (batch is not None and lead[0] in (1, batch)))
+        if not ok:
+            want = "(H, S, dim/2)" if self.learned else "(S, dim/2)"
+            raise ValueError(
+                f"cos_sin must be {want} or with a leading batch dim, from cos_sin(positions), for S={length}, "
+                f"dim/2={h}; got {tuple(cos.shape)} and {tuple(sin.shape)}"
+            )
+        if lead and lead[0] == 1:
+            cos, sin = cos[0], sin[0]
+        return cos, sin
+
+    def _engine(self, q, k, sd, kind):
+        """The engine for this call, decided once (no device reads)."""
+        if not kernel_possible(self.backend, q):
+            return rope_engine("torch")
+        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
+        if why is None and self.learned:
+            why = "learned (RoPE-Mixed) frequencies give every head its own rows, which the torch engine applies"
+        return rope_engine(resolve_rope_backend(self.backend, q, why))
+
+    def _rotate(self, engine, q, k, sd, rows, inplace):
+        kind, *tables = rows
+        half = self.layout == "half" and self.n_axes > 1
+        if half:                                   # per-block half pairs = global half pairs after a permutation
+            perm = self._buffers["half_perm"]
+            if q.shape[-1] > self.dim:
+                perm = torch.cat([perm, torch.arange(self.dim, q.shape[-1], device=perm.device)])
+            inverse = torch.argsort(perm) if q.shape[-1] > self.dim else self._buffers["half_inverse"]
+            qp = q.index_select(-1, perm)
+            kp = None if k is None else k.index_select(-1, perm)
+            # (the permuted copies are fresh: rotate them in place unless autograd records)
+            qr, kr = self._apply_rows(engine, qp, kp, sd, kind, tables, not self._grad(qp, kp, tables), "half")
+            qr = qr.index_select(-1, inverse)
+            kr = None if kr is None else kr.index_select(-1, inverse)
+            if inplace:
+                return q.copy_(qr), (None if k is None else k.copy_(kr))
+            return qr, kr
+        return self._apply_rows(engine, q, k, sd, kind, tables, inplace, self.layout)
+
+    @staticmethod
+    def _grad(q, k, tables) -> bool:
+        return torch.is_grad_enabled() and (
+            q.requires_grad or (k is not None and k.requires_grad) or any(t.requires_grad for t in tables))
+
+    def _apply_rows(self, engine, q, k, sd, kind, tables, inplace, layout):
+        if self.learned:                                                  # (..., H, S, h) per-head rows
+            cos, sin = tables
+            if sd == 1:
+                cos, sin = cos.transpose(-3, -2), sin.transpose(-3, -2)  # (..., S, H, h)
+            return tuple(None if t is None else torch_rope.rotate(t, cos, sin, layout=layout, inplace=inplace)
+                         for t in (q, k))
+        if kind == "packed" and layout == "half":                         # packed rows hold (cos, sin) pairs
+            kind, tables = "cos_sin", [tables[0][..., 0::2], tables[0][..., 1::2]]
+        first = tables[0]
+        if first.dim() == 2:                                              # one row per sequence position
+            if kind == "packed":
+                return engine(q, k, cos=None, sin=None, positions=None, offset=0, layout=layout, seq_dim=sd,
+                              inplace=inplace, packed=first)
+            return engine(q, k, cos=tables[0], sin=tables[1], positions=None, offset=0, layout=layout, seq_dim=sd,
+                          inplace=inplace)
+        B, S = first.shape[:2]
+        index = torch.arange(B * S, device=first.device).view(B, S)       # row b*S + s for token (b, s)
+        if kind == "packed":
+            return engine(q, k, cos=None, sin=None, positions=index, offset=0, layout=layout, seq_dim=sd,
+                          inplace=inplace, packed=first.flatten(0, 1))
+        return engine(q, k, cos=tables[0].flatten(0, 1), sin=tables[1].flatten(0, 1), positions=index, offset=0,
+                      layout=layout, seq_dim=sd, inplace=inplace)
+
+    # ---- what posenc.attention asks of an encoding ------------------------------------------------
+
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+        """Rotate queries at ``positions (.., S, n_axes)`` and keys at ``key_positions``."""
+        q = self.rotate(q, positions=positions, assume_in_table=assume_in_table)
+        return q, None if k is None else self.rotate(k, positions=key_positions, assume_in_table=assume_in_table)
+
+    def attention_bias(self, positions, key_positions, *, num_heads, dtype):
+        """Rotary embeddings add no bias."""
+        return None
+
+    def attention_score_mod(self, positions, key_positions, *, num_heads):
+        """Rotary embeddings modify no score."""
+        return None
+
+    def extra_repr(self) -> str:
+        parts = [f"{self.axes_dims}", f"base={self.base:g}", f"layout={self.layout!r}"]
+        if self.learned:
+            parts.append(f"learned=True, num_heads={self.num_heads}")
+        else:
+            parts.append(f"max_positions={self.max_positions}")
+        return ", ".join(parts)
