@@ -41,8 +41,7 @@ import torch
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
-from posenc.nn import RotaryEmbedding
-from posenc.nn.mrope import MultimodalRotaryEmbedding
+from posenc.nn import MultimodalRotaryEmbedding, RotaryEmbedding
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "patch_model", "patched", "unpatch_model"]
 

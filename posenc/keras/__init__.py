@@ -14,13 +14,16 @@ from posenc.core.rope import (
     ProportionalScaling,
     YarnScaling,
 )
+from posenc.keras.axial_rotary import AxialRotaryEmbedding
 from posenc.keras.bias import AlibiBias, RelativePositionBias
 from posenc.keras.learned import LearnedPositionalEmbedding
 from posenc.keras.rotary import RotaryEmbedding
+from posenc.keras.sincos_nd import SinusoidalEncodingND
 from posenc.keras.sinusoidal import SinusoidalEncoding
 
 __all__ = [
     "AlibiBias",
+    "AxialRotaryEmbedding",
     "DynamicNTKScaling",
     "LearnedPositionalEmbedding",
     "LinearScaling",
@@ -31,5 +34,6 @@ __all__ = [
     "RelativePositionBias",
     "RotaryEmbedding",
     "SinusoidalEncoding",
+    "SinusoidalEncodingND",
     "YarnScaling",
 ]
