@@ -1,11 +1,8 @@
 """Axial (N-axis) RoPE and RoPE-Mixed against a float64 oracle written from the formulas here, and
 against diffusers (FLUX), timm (EVA 2-D RoPE, RoPE-Mixed) and rotary-embedding-torch."""
 
-import importlib.util
 import math
 import os
-import sys
-import types
 
 os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton decorates the kernel (as test_triton_rope)
 
@@ -18,6 +15,7 @@ from posenc.core import axial as core_axial  # noqa: E402
 from posenc.functional.axial import apply_axial_rope, axial_cos_sin, grid_positions  # noqa: E402
 from posenc.nn.axial_rotary import AxialRotaryEmbedding  # noqa: E402
 from tests.reference.oracle import ulps  # noqa: E402
+from tests.reference.timm_layers import timm_layer  # noqa: E402
 
 # ---- the independent oracle (float64, from the formulas) -----------------------------------------
 
@@ -138,37 +136,8 @@ def test_matches_diffusers_flux_pos_embed():
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
 
 
-def import_timm_pos_embed():
-    """timm's ``layers.pos_embed_sincos``.  timm's package ``__init__`` imports torchvision (for
-    unrelated models and datasets); when torchvision is missing, the module is loaded under empty
-    stand-ins for the ``timm`` and ``timm.layers`` packages (their ``__init__`` not run), which
-    are removed again afterwards."""
-    spec = importlib.util.find_spec("timm")
-    if spec is None:
-        pytest.skip("timm is not installed")
-    if importlib.util.find_spec("torchvision") is not None:
-        from timm.layers import pos_embed_sincos
-
-        return pos_embed_sincos
-    if "timm.layers.pos_embed_sincos" in sys.modules:
-        return sys.modules["timm.layers.pos_embed_sincos"]
-    root = os.path.dirname(spec.origin)
-    saved = {n: sys.modules.pop(n) for n in list(sys.modules) if n == "timm" or n.startswith("timm.")}
-    for name, path in (("timm", root), ("timm.layers", os.path.join(root, "layers"))):
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [path]
-        sys.modules[name] = pkg
-    try:
-        module = importlib.import_module("timm.layers.pos_embed_sincos")
-    finally:
-        for n in [n for n in sys.modules if n == "timm" or n.startswith("timm.")]:
-            del sys.modules[n]
-        sys.modules.update(saved)
-    return module
-
-
 def test_matches_timm_eva_rope_with_class_token():
-    pe = import_timm_pos_embed()
+    pe = timm_layer("pos_embed_sincos")
     D, Hh, Ww = 32, 3, 5
     rope = pe.RotaryEmbeddingCat(D, in_pixels=False, feat_shape=[Hh, Ww], temperature=10000)  # integer grid
     x = torch.randn(2, 4, 1 + Hh * Ww, D)
@@ -179,7 +148,7 @@ def test_matches_timm_eva_rope_with_class_token():
 
 
 def test_learned_matches_timm_rope_mixed_and_its_init():
-    pe = import_timm_pos_embed()
+    pe = timm_layer("pos_embed_sincos")
     H, hd, Hh, Ww = 3, 16, 3, 4
     m = AxialRotaryEmbedding((hd // 2, hd // 2), learned=True, num_heads=H)
     pos = grid_positions((Hh, Ww))

@@ -5,11 +5,7 @@ convolution, Pillow's anti-aliased filters, area averaging), hand-derived ramps,
 reshape + ``interpolate`` reference, and timm's ``resample_abs_pos_embed`` itself.
 """
 
-import importlib
-import importlib.util
 import math
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -18,52 +14,10 @@ import torch.nn.functional as F
 
 from posenc.functional.resize import resize_position_embedding
 from posenc.nn.learned import LearnedPositionalEmbedding
+from tests.reference.timm_layers import timm_layer
+
 
 # ---------------------------------------------------------------- references
-_TIMM_RESAMPLE = []
-
-
-def _timm_resample():
-    """timm's ``resample_abs_pos_embed``, or skip.
-
-    timm's layers import ``torchvision.ops.misc.FrozenBatchNorm2d``; where torchvision is missing, a
-    placeholder module stands in while timm is imported.  timm's top-level package also imports its
-    data pipeline (which needs the real torchvision), so in that case ``timm.layers`` is loaded
-    without it.  The placeholders are removed again afterwards, so other tests see no torchvision.
-    """
-    if _TIMM_RESAMPLE:
-        return _TIMM_RESAMPLE[0]
-    if importlib.util.find_spec("timm") is None:
-        pytest.skip("timm is not installed")
-    stubs = {}
-    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None:
-        tv, ops, misc = (types.ModuleType(n) for n in ("torchvision", "torchvision.ops", "torchvision.ops.misc"))
-        misc.FrozenBatchNorm2d = type("FrozenBatchNorm2d", (), {})
-        tv.__path__, ops.__path__ = [], []
-        tv.ops, ops.misc = ops, misc
-        stubs = {"torchvision": tv, "torchvision.ops": ops, "torchvision.ops.misc": misc}
-        sys.modules.update(stubs)
-    bare_root = False
-    try:
-        try:
-            fn = importlib.import_module("timm.layers.pos_embed").resample_abs_pos_embed
-        except ImportError:
-            for name in [m for m in sys.modules if m == "timm" or m.startswith("timm.")]:
-                del sys.modules[name]                                   # a half-imported timm
-            sys.modules["timm"] = importlib.util.module_from_spec(importlib.util.find_spec("timm"))  # not run
-            bare_root = True
-            fn = importlib.import_module("timm.layers.pos_embed").resample_abs_pos_embed
-    except ImportError as e:
-        pytest.skip(f"timm.layers cannot be imported here: {e}")
-    finally:
-        for name in stubs:
-            sys.modules.pop(name, None)
-        if bare_root:
-            sys.modules.pop("timm", None)
-    _TIMM_RESAMPLE.append(fn)
-    return fn
-
-
 def _keys(x: float, a: float) -> float:
     """Keys' cubic convolution kernel with parameter ``a``."""
     x = abs(x)
@@ -169,7 +123,7 @@ def test_float32_matches_the_oracle_and_the_plain_recipe(old, new, prefix, mode,
 @pytest.mark.parametrize("mode,antialias", MODES)
 @pytest.mark.parametrize("old,new,prefix", GRIDS[:4] + GRIDS[6:])
 def test_equals_timm(old, new, prefix, mode, antialias, dtype):
-    resample = _timm_resample()
+    resample = timm_layer("pos_embed").resample_abs_pos_embed
     table = _table(old, prefix, dtype=dtype)
     ours = _call(table, old, new, prefix, mode, antialias)
     theirs = resample(table, list(new), old_size=None if old[0] == old[1] else list(old),
@@ -182,7 +136,7 @@ def test_equals_timm(old, new, prefix, mode, antialias, dtype):
 
 
 def test_equals_timm_for_a_vit_b16_table_224_to_384():
-    resample = _timm_resample()
+    resample = timm_layer("pos_embed").resample_abs_pos_embed
     table = torch.randn(1, 1 + 14 * 14, 64) * 0.02
     assert torch.equal(resize_position_embedding(table, (24, 24)), resample(table, [24, 24]))
     # unequal token counts with the same square side count: timm resamples, and so do we

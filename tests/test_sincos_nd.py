@@ -2,10 +2,7 @@
 independent oracle written from the formulas, exactness per dtype, parity with diffusers / Hugging Face
 ViTMAE / timm, and module mechanics."""
 
-import importlib.util
 import math
-import sys
-import types
 from fractions import Fraction
 
 import mpmath
@@ -16,6 +13,7 @@ import torch
 from posenc.functional.sincos_nd import sincos_table_nd
 from posenc.nn.sincos_nd import SinusoidalEncodingND
 from tests.reference.oracle import ulps
+from tests.reference.timm_layers import timm_layer
 
 HALF = [torch.bfloat16, torch.float16]
 ALL_DTYPES = [torch.float32, *HALF]
@@ -247,39 +245,9 @@ def test_matches_hugging_face_builder_on_a_non_square_grid():
     assert_within_one_ulp(got, ref.numpy(), torch.float32)
 
 
-def _timm_build_sincos2d():
-    """timm's build_sincos2d_pos_embed, importing timm's layers without torchvision if it is absent."""
-    spec = importlib.util.find_spec("timm")
-    if spec is None:
-        pytest.skip("timm is not installed")
-    before = set(sys.modules)
-    stubs = {}
-    if importlib.util.find_spec("torchvision") is None:           # timm.layers needs one torchvision class
-        tv, ops, misc = (types.ModuleType(n) for n in ("torchvision", "torchvision.ops", "torchvision.ops.misc"))
-        misc.FrozenBatchNorm2d = type("FrozenBatchNorm2d", (torch.nn.BatchNorm2d,), {})
-        tv.__path__, ops.__path__ = [], []
-        tv.ops, ops.misc = ops, misc
-        stubs = {"torchvision": tv, "torchvision.ops": ops, "torchvision.ops.misc": misc}
-        if "timm" not in sys.modules:                               # skip timm/__init__ (it imports timm.data)
-            pkg = types.ModuleType("timm")
-            pkg.__path__ = list(spec.submodule_search_locations)
-            stubs["timm"] = pkg
-    sys.modules.update(stubs)
-    try:
-        from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
-    except ImportError as e:
-        pytest.skip(f"timm's layers cannot be imported here: {e}")
-    finally:
-        if stubs:                                                   # leave no stub (nor half-imported timm) behind
-            for name in set(sys.modules) - before:
-                if name == "timm" or name.startswith(("timm.", "torchvision")):
-                    sys.modules.pop(name, None)
-    return build_sincos2d_pos_embed
-
-
 @pytest.mark.parametrize("grid, dim, base", [((3, 5), 16, 10000.0), ((7, 2), 32, 10000.0), ((4, 4), 8, 100.0)])
 def test_order_timm_matches_timm(grid, dim, base):
-    build = _timm_build_sincos2d()
+    build = timm_layer("pos_embed_sincos").build_sincos2d_pos_embed
     ref = build(list(grid), dim, temperature=base).double()
     got = sincos_table_nd(grid, dim, base=base, order="timm")
     # timm computes its frequencies and angles in float32
