@@ -301,7 +301,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     except ImportError as err:
         print(f"posenc plot: error: {err}", file=sys.stderr)
         return 1
-    _prepare_folder(args.out, ["sinusoidal_table.png", "similarity_vs_distance.png", "logits_vs_distance.png"])
+    _prepare_folder(args.out, ["sinusoidal_table.png", "similarity_vs_distance.png", "logits_vs_distance.png",
+                               "sincos_2d_table.png", "axial_similarity.png"])
     try:
         paths = plot_encodings(args.out, dim=args.dim, length=args.max_len)
     except OSError as err:

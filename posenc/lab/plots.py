@@ -9,7 +9,7 @@ import pathlib
 
 import torch
 
-__all__ = ["plot_compare", "plot_encodings", "require_matplotlib"]
+__all__ = ["plot_compare", "plot_encodings", "plot_vision", "require_matplotlib"]
 
 
 def require_matplotlib():
@@ -126,6 +126,92 @@ def plot_encodings(out: pathlib.Path, *, dim: int = 64, length: int = 128, heads
     axes[0].set_ylabel("added to the logit")
     fig.tight_layout()
     paths.append(out / "logits_vs_distance.png")
+    fig.savefig(paths[-1])
+    plt.close(fig)
+    return paths + plot_vision(out)
+
+
+def plot_vision(out: pathlib.Path, *, grid: int = 16, dim: int = 64) -> list[pathlib.Path]:
+    """Two figures for image patch grids (``grid x grid`` patches, ``dim`` features): the 2-D sin-cos
+    table, and what axial RoPE makes of the distance between two patches."""
+    import posenc
+
+    plt = require_matplotlib()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    n, q4, centre = grid * grid, dim // 4, (grid // 2) * grid + grid // 2
+
+    # the MAE table: [sin(w) | cos(w) | sin(h) | cos(h)], tokens row-major (h * W + w)
+    table = posenc.sincos_table_nd((grid, grid), dim, dtype=torch.float64)           # (n, dim)
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.9), dpi=110, gridspec_kw={"width_ratios": [2.2, 1, 1, 1.15]})
+    axes[0].imshow(table.T.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1, origin="lower", interpolation="nearest")
+    for j, name in enumerate(["sin(w f)", "cos(w f)", "sin(h f)", "cos(h f)"]):
+        axes[0].axhline(j * q4 - 0.5, color="k", lw=0.6)
+        axes[0].text(n + 2, j * q4 + q4 / 2, name, va="center", fontsize=8, clip_on=False)
+    axes[0].set_xlabel("token index h * W + w")
+    axes[0].set_ylabel("feature")
+    axes[0].set_title(f"sincos_table_nd(({grid}, {grid}), {dim}): one quarter per function and axis", fontsize=9)
+    k = 2                                                  # one frequency, f = base^(-k / (dim/4)), seen on the grid
+    for ax, col, label in ((axes[1], k, "sin(w f): changes along w"), (axes[2], 2 * q4 + k, "sin(h f): changes along h")):
+        ax.imshow(table[:, col].view(grid, grid).numpy(), cmap="RdBu", vmin=-1, vmax=1, interpolation="nearest")
+        ax.set_title(f"feature {col}, {label}", fontsize=9)
+        ax.set_xlabel("w")
+        ax.set_ylabel("h")
+    sim = (table @ table[centre]) / (dim / 2)                                        # (n,)
+    im = axes[3].imshow(sim.view(grid, grid).numpy(), cmap="viridis", interpolation="nearest")
+    axes[3].plot(grid // 2, grid // 2, "r+", ms=10)
+    axes[3].set_title("<PE(centre), PE(h, w)> / (d/2): peaks at the centre", fontsize=9)
+    axes[3].set_xlabel("w")
+    fig.colorbar(im, ax=axes[3], fraction=0.046)
+    fig.tight_layout()
+    paths.append(out / "sincos_2d_table.png")
+    fig.savefig(paths[-1])
+    plt.close(fig)
+
+    # axial RoPE: the score of one query against keys at every patch depends on (dh, dw) only;
+    # 1-D RoPE over the flattened index puts a patch's vertical neighbour `grid` positions away
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randn(dim, generator=gen, dtype=torch.float64)
+    vk = (v + 0.3 * torch.randn(dim, generator=gen, dtype=torch.float64)).expand(1, 1, n, dim).contiguous()
+    axial = posenc.AxialRotaryEmbedding((dim // 2, dim // 2))
+    pos = posenc.grid_positions((grid, grid))                                       # (n, 2): (h, w)
+    keys, _ = axial(vk, positions=pos)
+
+    def scores(token: int) -> torch.Tensor:
+        query, _ = axial(v.view(1, 1, 1, dim), positions=pos[token : token + 1])
+        return (keys[0, 0] @ query[0, 0, 0]) / dim ** 0.5                             # (n,)
+
+    other = 3 * grid + grid - 4                                                        # (h, w) = (3, grid - 4)
+    flat = posenc.RotaryEmbedding(dim, layout="interleaved", max_seq_len=n)
+    flat_keys, _ = flat(vk, positions=torch.arange(n))
+    flat_query, _ = flat(v.view(1, 1, 1, dim), positions=torch.tensor([centre]))
+    flat_scores = (flat_keys[0, 0] @ flat_query[0, 0, 0]) / dim ** 0.5
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.9), dpi=110)
+    lo, hi = min(scores(centre).min(), flat_scores.min()).item(), max(scores(centre).max(), flat_scores.max()).item()
+    for ax, token, title in ((axes[0], centre, "axial RoPE, query at the centre"),
+                             (axes[1], other, "axial RoPE, query moved: same pattern, shifted")):
+        ax.imshow(scores(token).view(grid, grid).numpy(), cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
+        ax.plot(token % grid, token // grid, "r+", ms=10)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("key w")
+        ax.set_ylabel("key h")
+    im = axes[2].imshow(flat_scores.view(grid, grid).numpy(), cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
+    axes[2].plot(grid // 2, grid // 2, "r+", ms=10)
+    axes[2].set_title("1-D RoPE over the token index: rows far apart", fontsize=9)
+    axes[2].set_xlabel("key w")
+    fig.colorbar(im, ax=axes[2], fraction=0.046)
+    s_c = scores(centre).view(grid, grid)
+    d = torch.arange(grid) - grid // 2
+    axes[3].plot(d, s_c[grid // 2], "o-", ms=3, label="axial: along w (dh = 0)")
+    axes[3].plot(d, s_c[:, grid // 2], "s--", ms=3, label="axial: along h (dw = 0)")
+    axes[3].plot(d, flat_scores.view(grid, grid)[:, grid // 2], "x:", ms=4, label="1-D RoPE: along h")
+    axes[3].set_xlabel("offset from the query's patch")
+    axes[3].set_ylabel("q.k / sqrt(d)")
+    axes[3].set_title("Per-axis similarity (q, k similar vectors)", fontsize=9)
+    axes[3].legend(fontsize=7)
+    axes[3].grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(out / "axial_similarity.png")
     fig.savefig(paths[-1])
     plt.close(fig)
     return paths
