@@ -148,15 +148,10 @@ def _all_positions(q, k, positions, key_positions, segment_ids):
             _positions_arg("key_positions", key_positions, B, S_k, q.device), segment_ids)
 
 
-def _axial_positions(q, k, positions, key_positions, axes: int, causal, segment_ids):
+def _axial_positions(q, k, positions, key_positions, axes: int):
     """Per-axis coordinates ``(S, axes)``/``(B, S, axes)`` for an encoding that declares
     ``position_axes``; ``key_positions`` default to ``positions`` when queries and keys have one length."""
     B, S, S_k = q.shape[0], q.shape[2], k.shape[2]
-    if causal or segment_ids is not None:
-        raise ValueError(
-            f"causal and segment_ids compare scalar positions, but this encoding takes {axes} coordinates per token; "
-            f"pass the mask as attn_mask (bool (S, S_k), True = attend) instead"
-        )
     if positions is None:
         raise ValueError(
             f"this encoding takes per-axis coordinates: pass positions of shape ({S}, {axes}) or ({B}, {S}, {axes}) "
@@ -244,8 +239,9 @@ def attention(
             belong on the embeddings and raise ``TypeError`` here.
         positions: query positions ``(S,)`` or ``(B, S)``; for an encoding with ``position_axes = n``
             (:class:`~posenc.nn.axial_rotary.AxialRotaryEmbedding`) per-axis coordinates ``(S, n)`` or
-            ``(B, S, n)``, required, with ``key_positions`` defaulting to them, and no ``causal`` or
-            ``segment_ids`` (they compare scalar positions; use ``attn_mask``).  Default: restart at 0 in every segment
+            ``(B, S, n)``, required, with ``key_positions`` defaulting to them; ``causal`` and
+            ``segment_ids`` then follow the token order (queries are the last ``S`` keys, positions
+            restart in every segment), as with the defaults below.  Default: restart at 0 in every segment
             if ``segment_ids`` is given, else the *last* ``S`` key positions
             (``S_k - S .. S_k - 1``), which is what a query after cached keys needs.
         key_positions: key positions ``(S_k,)`` or ``(B, S_k)``; default like ``positions`` with
@@ -300,9 +296,10 @@ def attention(
         positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
         enc_positions, enc_key_positions = positions, key_positions
     else:                                             # per-axis coordinates (..., S, n_axes), for the encoding only
-        enc_positions, enc_key_positions = _axial_positions(q, k, positions, key_positions, axes, causal, segment_ids)
+        enc_positions, enc_key_positions = _axial_positions(q, k, positions, key_positions, axes)
         offsets = (None, None)
-        positions, key_positions, segment_ids = _all_positions(q, k, None, None, None)   # token indices (masks)
+        # masks (causal, segments) follow the token order, as for the defaults of 1-D encodings
+        positions, key_positions, segment_ids = _all_positions(q, k, None, None, segment_ids)
     B, H, S, _ = q.shape
     bias = None
     if isinstance(encoding, torch.Tensor):

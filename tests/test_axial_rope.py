@@ -318,8 +318,19 @@ def test_attention_rotates_with_per_axis_positions(learned):
         got = attention(q, k, v, encoding=m, positions=pos)
     ref = torch.nn.functional.scaled_dot_product_attention(qr, kr, v)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="attn_mask"):
-        attention(q, k, v, encoding=m, positions=pos, causal=True)
+    # causal masks and packed segments follow the token order; the rotation uses the coordinates
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    with torch.no_grad():
+        got = attention(q, k, v, encoding=m, positions=pos, causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(qr, kr, v, attn_mask=causal)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+    seg = torch.tensor([[0, 0, 0, 1, 1, 1, 1]]).expand(2, 7)
+    with torch.no_grad():
+        got = attention(q, k, v, encoding=m, positions=pos, segment_ids=seg)
+    same = torch.zeros(7, 7, dtype=torch.bool)
+    same[:3, :3] = same[3:, 3:] = True
+    ref = torch.nn.functional.scaled_dot_product_attention(qr, kr, v, attn_mask=same)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="per-axis coordinates"):
         attention(q, k, v, encoding=m)
     with pytest.raises(ValueError, match=r"\(7, 2\)"):
