@@ -1647,12 +1647,16 @@ def test_keras_layers_reject_float_positions():
         "RotaryEmbedding": lambda: pk.RotaryEmbedding(4)(q, positions=p),
         "AlibiBias": lambda: pk.AlibiBias(2)(p),
         "RelativePositionBias": lambda: pk.RelativePositionBias(2)(p),
+        "AxialRotaryEmbedding": lambda: pk.AxialRotaryEmbedding((2, 2))(q, positions=np.stack([p, p], -1)),
     }
     for name in pk.__all__:
         obj = getattr(pk, name)
         if name in calls:
             with pytest.raises(TypeError, match="positions must hold integers"):
                 guarded(calls[name])
+        elif name == "SinusoidalEncodingND":                             # a grid, not positions
+            with pytest.raises(TypeError, match=r"grid_shape\[0\] must be an int"):
+                guarded(lambda: pk.SinusoidalEncodingND(4, (1, 2))(x, grid_shape=(1.0, 2)))
         else:                                                            # the scaling rules, shared with torch
             assert isinstance(obj, type) and issubclass(obj, RopeScaling), name
             args = {"LongRopeScaling": ([NAN], [1.0], 4), "ProportionalScaling": (NAN,), "LinearScaling": (NAN,),
