@@ -45,7 +45,10 @@ def sincos_table_nd(
     ``i * base_size / (n * interpolation_scale)`` (diffusers' rule for grids of other resolutions:
     ``arange(n) / (n / base_size) / interpolation_scale``).  Diffusers' ``base_size`` defaults to 16;
     here ``None`` (integer positions) is the default.  The angles of these rational positions are
-    exact too: the scale is folded into the frequencies in 60-digit decimal arithmetic.
+    exact too: the scale is folded into the frequencies in 60-digit decimal arithmetic.  That runs on
+    the host: under ``torch.compile`` a call is a graph break (``fullgraph=True`` refuses it with
+    this advice: compute the table outside the compiled code), and ``torch.export`` records the
+    table as a constant.
 
     Args:
         grid_shape: ``(S,)``, ``(H, W)`` or ``(T, H, W)``, the number of patches along each axis.
@@ -86,6 +89,16 @@ def sincos_table_nd(
     grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale = core_sincos_nd.check_table_args(
         grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale)
     check_float_dtype("dtype", dtype)
+    return _exact_table(grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale, dtype, device)
+
+
+@torch.compiler.disable(reason=(
+    "sin-cos grid tables are computed on the host in exact decimal arithmetic, which torch.compile(fullgraph=True) "
+    "cannot trace; compute the table outside the compiled code: SinusoidalEncodingND(dim, grid_shape) precomputes "
+    "the table of its own grid_shape (build one for this grid), or pass in pe = sincos_table_nd(grid_shape, dim)"))
+def _exact_table(grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale, dtype, device):
+    """The table from checked arguments.  Host maths: a graph break under ``torch.compile`` (a clear error with
+    ``fullgraph=True``); ``torch.export`` records the table of the (static) grid as a constant."""
     parts = core_sincos_nd.axis_sin_cos(grid_shape, dim, base, base_size, interpolation_scale)
     rounded = [tuple(torch.tensor(a, dtype=dtype, device=device) for a in pair) for pair in parts]  # one rounding
     return core_sincos_nd.assemble(rounded, grid_shape, order, prefix_tokens, xp=torch)

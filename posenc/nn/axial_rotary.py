@@ -169,8 +169,9 @@ class AxialRotaryEmbedding(TableModule):
         if not self.learned:
             return
         n, heads = self.n_axes, self.num_heads
-        uniform = torch.rand(heads, dtype=torch.float64).numpy()
-        normal = torch.randn(heads, n, n, dtype=torch.float64).numpy() if n > 2 else None
+        # drawn on the CPU generator whatever the default device (meta, cuda) and read as NumPy
+        uniform = torch.rand(heads, dtype=torch.float64, device="cpu").numpy()
+        normal = torch.randn(heads, n, n, dtype=torch.float64, device="cpu").numpy() if n > 2 else None
         rotations = core_axial.mixed_rotations(heads, n, uniform, normal)
         init = core_axial.mixed_frequencies(self.dim, n, rotations, self.base)
         with torch.no_grad():
@@ -197,7 +198,9 @@ class AxialRotaryEmbedding(TableModule):
         kind, *rows = self._fixed_rows(positions, working_dtype(dtype), assume_in_table)
         if kind == "packed":
             rows = [rows[0][..., 0::2], rows[0][..., 1::2]]
-        return rows[0].to(dtype), rows[1].to(dtype)
+        # contiguous either way: rows gathered from the table or computed give the same strides, so a
+        # compiled function taking them as cos_sin= is not recompiled when the grid leaves the table
+        return rows[0].to(dtype).contiguous(), rows[1].to(dtype).contiguous()
 
     def _fixed_rows(self, positions: torch.Tensor, dtype: torch.dtype, assume: bool):
         """``("packed", (..., 2h))`` gathered from the table, or ``("cos_sin", cos, sin)`` computed."""
@@ -358,14 +361,14 @@ class AxialRotaryEmbedding(TableModule):
         lead = shape[: len(shape) - 2 - len(heads)]
         ok = cos.shape == sin.shape and shape[-1] == h and len(lead) <= 1 and shape[-2] == length and (
             tuple(shape[len(lead) : len(lead) + len(heads)]) == heads) and (
-            not lead or (batch is not None and lead[0] in (1, batch)))
+            len(lead) == 0 or (batch is not None and lead[0] in (1, batch)))      # len(): traceable
         if not ok:
             want = "(H, S, dim/2)" if self.learned else "(S, dim/2)"
             raise ValueError(
                 f"cos_sin must be {want} or with a leading batch dim, from cos_sin(positions), for S={length}, "
                 f"dim/2={h}; got {tuple(cos.shape)} and {tuple(sin.shape)}"
             )
-        if lead and lead[0] == 1:
+        if len(lead) and lead[0] == 1:
             cos, sin = cos[0], sin[0]
         return cos, sin
 

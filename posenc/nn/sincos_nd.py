@@ -34,6 +34,9 @@ class SinusoidalEncodingND(TableModule):
     and ``.to(torch.bfloat16)`` does not lower their precision.  ``forward(x, grid_shape=...)`` for
     another resolution computes that grid's table exactly on the fly, without changing the module
     (pass ``base_size`` to map every resolution onto the same span of positions, as diffusers does).
+    That computation runs on the host: under ``torch.compile`` it is a graph break, which
+    ``fullgraph=True`` refuses with a clear error (build a module for that grid instead), and
+    ``torch.export`` records the table of the given grid as a constant.
 
     Args:
         dim: number of features ``D``: divisible by 4 for a 2-D grid, by 16 for a 3-D grid.
@@ -151,6 +154,8 @@ class SinusoidalEncodingND(TableModule):
                 table is computed exactly for this call.
         """
         check_embeddings(x, self.dim)
+        if self.scale != 1.0 and abs(self.scale) > torch.finfo(x.dtype).max:
+            raise ValueError(f"scale={self.scale:g} overflows x's dtype {x.dtype}; pass a smaller scale or a wider x")
         check_same_device("x", x, "the tables", self.table_main.device)
         grid = self._check_grid(grid_shape)
         tokens = self.num_tokens(grid)
