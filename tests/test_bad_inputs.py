@@ -48,6 +48,14 @@ from posenc import (
     SinusoidalEncoding,
     YarnScaling,
 )
+from posenc.core.hf_config import mrope_from_hf, mrope_vision_from_hf
+from posenc.functional.axial import apply_axial_rope, axial_cos_sin, grid_positions
+from posenc.functional.mrope import mrope_cos_sin, mrope_positions
+from posenc.functional.resize import resize_position_embedding
+from posenc.functional.sincos_nd import sincos_table_nd
+from posenc.nn.axial_rotary import AxialRotaryEmbedding
+from posenc.nn.mrope import MultimodalRotaryEmbedding
+from posenc.nn.sincos_nd import SinusoidalEncodingND
 from tests.reference.bias_oracle import t5_bucket
 
 NAN, INF = float("nan"), float("inf")
@@ -1580,6 +1588,1174 @@ good("RelativePositionBias", "max_distance-1e30",
          RelativePositionBias(2, max_distance=10**30)),
      lambda r: close(r[0], np.moveaxis(r[1][ref_bucket(np.array([5, -(2**62)])[None, :] - np.array([0, 10**15])[:, None],
                                                      max_distance=10**30)], -1, 0)))
+
+
+# ---- 12. patch grids and multimodal positions ---------------------------------------------------------
+#
+# sincos_table_nd / SinusoidalEncodingND (He et al. 2022, MAE; Yang et al. 2024, CogVideoX), grid_positions,
+# axial_cos_sin / apply_axial_rope / AxialRotaryEmbedding (axial RoPE: FLUX, EVA; Heo et al. 2024, RoPE-Mixed),
+# mrope_positions / mrope_cos_sin / MultimodalRotaryEmbedding / mrope_from_hf / mrope_vision_from_hf (Wang et al.
+# 2024, Qwen2-VL), resize_position_embedding (Dosovitskiy et al. 2021, section 3.2).
+
+
+def ref_sincos_nd(grid, dim: int, *, base: float = BASE, prefix: int = 0, order: str = "mae", scale=1.0) -> np.ndarray:
+    """``(prefix + prod(grid), dim)``: tokens row-major after ``prefix`` zero rows; axis ``a`` at ``i * scale[a]``.
+
+    1-D ``[sin(p f) | cos(p f)]``, ``f_k = base^(-k/(D/2))``; 2-D "mae" ``[sin(w f) | cos(w f) | sin(h f) | cos(h f)]``,
+    "timm" ``[sin(h f) | sin(w f) | cos(h f) | cos(w f)]``, ``f_k = base^(-k/(D/4))``; 3-D ``[sin(t g) | cos(t g)]``
+    with ``g_k = base^(-k/(D/8))`` over D/4 columns, then the 2-D "mae" table of width 3D/4 over ``(h, w)``.
+    """
+    scale = tuple(scale) if isinstance(scale, tuple) else (scale,) * len(grid)
+    coords = np.meshgrid(*(np.arange(n, dtype=np.float64) * s for n, s in zip(grid, scale, strict=True)), indexing="ij")
+    coords = [c.reshape(-1) for c in coords]                                   # one (N,) array per axis
+
+    def block(p, count):                                                       # (N, count) angles
+        return p[:, None] * base ** (-np.arange(count) / count)
+
+    if len(grid) == 1:
+        a = block(coords[0], dim // 2)
+        table = np.concatenate([np.sin(a), np.cos(a)], 1)
+    elif len(grid) == 2:
+        h, w = block(coords[0], dim // 4), block(coords[1], dim // 4)
+        parts = [np.sin(w), np.cos(w), np.sin(h), np.cos(h)] if order == "mae" else [np.sin(h), np.sin(w), np.cos(h), np.cos(w)]
+        table = np.concatenate(parts, 1)
+    else:
+        t, h, w = block(coords[0], dim // 8), block(coords[1], 3 * dim // 16), block(coords[2], 3 * dim // 16)
+        table = np.concatenate([np.sin(t), np.cos(t), np.sin(w), np.cos(w), np.sin(h), np.cos(h)], 1)
+    return np.concatenate([np.zeros((prefix, dim)), table])
+
+
+def ref_axial_angles(p, axes_dims, base: float = BASE) -> np.ndarray:
+    """``(..., sum(axes_dims)/2)``: block ``a`` pair ``i`` turns by ``p_a * base^(-2i/axes_dims[a])``."""
+    p = np.asarray(p, dtype=np.float64)
+    return np.concatenate([p[..., a, None] * base ** (-2 * np.arange(d // 2) / d) for a, d in enumerate(axes_dims)], -1)
+
+
+def ref_axial_cos_sin(p, axes_dims, base: float = BASE) -> tuple[np.ndarray, np.ndarray]:
+    angle = ref_axial_angles(p, axes_dims, base)
+    return np.cos(angle), np.sin(angle)
+
+
+def _pairs(axes_dims, layout: str) -> tuple[list[int], list[int]]:
+    """Feature indices (first, second) of every pair, in block order: (2i, 2i+1) or (i, i + d_a/2) in each block."""
+    first, second, o = [], [], 0
+    for d in axes_dims:
+        for i in range(d // 2):
+            first.append(o + (2 * i if layout == "interleaved" else i))
+            second.append(o + (2 * i + 1 if layout == "interleaved" else d // 2 + i))
+        o += d
+    return first, second
+
+
+@np.errstate(invalid="ignore", over="ignore")
+def ref_rotate_pairs(x, angle, first, second) -> np.ndarray:
+    """Rotate pairs ``(x[first], x[second])`` of ``x (..., S, D)`` by ``angle`` (broadcasting to ``(..., S, h)``)."""
+    x = arr(x).copy()
+    c, s = np.cos(angle), np.sin(angle)
+    a, b = x[..., first].copy(), x[..., second].copy()
+    x[..., first], x[..., second] = a * c - b * s, b * c + a * s
+    return x
+
+
+def ref_axial_rope(x, p, axes_dims, layout: str = "interleaved", base: float = BASE) -> np.ndarray:
+    """Axial RoPE of ``x (B, H, S, D)`` (or ``(S, D)``) at ``p (S, n)`` or ``(B, S, n)``."""
+    angle = ref_axial_angles(p, axes_dims, base)                              # (S, h) or (B, S, h)
+    if angle.ndim == 3:
+        angle = angle[:, None]                                                 # (B, 1, S, h)
+    return ref_rotate_pairs(x, angle, *_pairs(axes_dims, layout))
+
+
+def ref_mrope_angles(p3, dim: int, section, base: float = BASE, interleaved: bool = False) -> np.ndarray:
+    """``(..., dim/2)``: slot ``j`` turns by ``p_a(j) * base^(-2j/dim)``; ``a(j)`` by contiguous sections, or
+    Qwen3-VL's t, h, w, t, ... (h for ``j % 3 == 1, j < 3 s_h``; w for ``j % 3 == 2, j < 3 s_w``)."""
+    p3 = np.asarray(p3, dtype=np.float64)
+    s_t, s_h, s_w = section
+    axis = []
+    for j in range(dim // 2):
+        if interleaved:
+            axis.append(1 if j % 3 == 1 and j < 3 * s_h else 2 if j % 3 == 2 and j < 3 * s_w else 0)
+        else:
+            axis.append(0 if j < s_t else 1 if j < s_t + s_h else 2)
+    theta = base ** (-2 * np.arange(dim // 2) / dim)
+    return np.stack([p3[a] * theta[j] for j, a in enumerate(axis)], -1)
+
+
+def ref_mrope(x, p3, dim: int, section, layout: str = "half", interleaved: bool = False) -> np.ndarray:
+    """M-RoPE of ``x (B, H, S, D)`` at ``p3 (3, S)`` or ``(3, B, S)``: pairs ``(j, j + dim/2)`` ("half")."""
+    angle = ref_mrope_angles(p3, dim, section, interleaved=interleaved)       # (S, h) or (B, S, h)
+    if angle.ndim == 3:
+        angle = angle[:, None]
+    first, second = (list(range(dim // 2)), list(range(dim // 2, dim))) if layout == "half" else \
+        (list(range(0, dim, 2)), list(range(1, dim, 2)))
+    return ref_rotate_pairs(x, angle, first, second)
+
+
+def _is_meta(shape):
+    return lambda out: (all(t.is_meta and tuple(t.shape) == s for t, s in zip(
+        out if isinstance(out, tuple) else (out,), shape if isinstance(shape[0], tuple) else (shape,), strict=True))
+        or pytest.fail(f"not meta tensors of shape {shape}"))
+
+
+# sincos_table_nd and SinusoidalEncodingND: construction arguments (shared checks)
+for _id, _kw, _exc, _match in [
+    ("grid_shape-int", {"grid_shape": 4}, TypeError, r"grid_shape must be a tuple .* pass \(4, 4\)"),
+    ("grid_shape-none", {"grid_shape": None}, TypeError, "grid_shape must be a tuple of grid sizes"),
+    ("grid_shape-float", {"grid_shape": (2.0, 2)}, TypeError, r"grid_shape\[0\] must be an int"),
+    ("grid_shape-bool", {"grid_shape": (2, True)}, TypeError, r"grid_shape\[1\] must be an int"),
+    ("grid_shape-str", {"grid_shape": "22"}, TypeError, r"grid_shape\[0\] must be an int"),
+    ("grid_shape-tensor", {"grid_shape": (torch.tensor(2), 2)}, TypeError, r"grid_shape\[0\] must be an int"),
+    ("grid_shape-0", {"grid_shape": (0, 2)}, ValueError, r"grid_shape\[0\] must be an int in \[1, 2\*\*31\]"),
+    ("grid_shape-negative", {"grid_shape": (2, -3)}, ValueError, r"grid_shape\[1\] must be an int in \[1, 2\*\*31\]"),
+    ("grid_shape-2**31+1", {"grid_shape": (2**31 + 1, 1)}, ValueError, r"grid_shape\[0\] must be an int in \[1, 2\*\*31\]"),
+    ("grid_shape-empty", {"grid_shape": ()}, ValueError, "grid_shape must have 1, 2 or 3 entries"),
+    ("grid_shape-4-d", {"grid_shape": (1, 1, 1, 2), "dim": 16}, ValueError, "grid_shape must have 1, 2 or 3 entries"),
+    ("dim-float", {"dim": 8.0}, TypeError, "dim must be an int"),
+    ("dim-bool", {"dim": True}, TypeError, "dim must be an int"),
+    ("dim-0", {"dim": 0}, ValueError, "dim must be >= 1"),
+    ("dim-2-d-not-multiple-of-4", {"dim": 6}, ValueError, "dim must be divisible by 4 for a 2-D grid.*dim=8"),
+    ("dim-3-d-not-multiple-of-16", {"grid_shape": (1, 2, 2), "dim": 8}, ValueError, "dim must be divisible by 16 for a 3-D"),
+    ("dim-1-d-odd", {"grid_shape": (3,), "dim": 5}, ValueError, "dim must be divisible by 2 for a 1-D grid"),
+    ("base-nan", {"base": NAN}, ValueError, "base must be finite"),
+    ("base-inf", {"base": INF}, ValueError, "base must be finite"),
+    ("base-0", {"base": 0.0}, ValueError, "base must be > 0"),
+    ("base-negative", {"base": -100.0}, ValueError, "base must be > 0"),
+    ("base-str", {"base": "1e4"}, TypeError, "base must be a real number"),
+    ("base-tiny", {"base": 1e-300}, ValueError, r"exceeds 2\*\*32 turns.*base far below 1"),
+    ("prefix_tokens-negative", {"prefix_tokens": -1}, ValueError, "prefix_tokens must be >= 0"),
+    ("prefix_tokens-float", {"prefix_tokens": 1.0}, TypeError, "prefix_tokens must be an int"),
+    ("prefix_tokens-bool", {"prefix_tokens": True}, TypeError, "prefix_tokens must be an int"),
+    ("order", {"order": "flux"}, ValueError, "order must be one of 'mae', 'timm'"),
+    ("order-none", {"order": None}, ValueError, "order must be one of"),
+    ("order-timm-3-d", {"grid_shape": (1, 2, 2), "dim": 16, "order": "timm"}, ValueError, 'order="timm" is defined for 2-D'),
+    ("base_size-0", {"base_size": 0}, ValueError, "base_size must be > 0"),
+    ("base_size-negative", {"base_size": -16}, ValueError, "base_size must be > 0"),
+    ("base_size-nan", {"base_size": NAN}, ValueError, "base_size must be finite"),
+    ("base_size-inf", {"base_size": INF}, ValueError, "base_size must be finite"),
+    ("base_size-str", {"base_size": "16"}, TypeError, "base_size must be a real number"),
+    ("base_size-per-axis-length", {"base_size": (16, 16, 16)}, ValueError, r"base_size must be a number or a tuple with one entry per grid axis \(2\)"),
+    ("interpolation_scale-0", {"interpolation_scale": 0}, ValueError, "interpolation_scale must be > 0"),
+    ("interpolation_scale-negative", {"interpolation_scale": -1.0}, ValueError, "interpolation_scale must be > 0"),
+    ("interpolation_scale-nan", {"interpolation_scale": NAN}, ValueError, "interpolation_scale must be finite"),
+    ("interpolation_scale-axis-inf", {"interpolation_scale": (1.0, INF)}, ValueError, r"interpolation_scale\[1\] must be finite"),
+    ("interpolation_scale-set", {"interpolation_scale": {1.0, 2.0}}, TypeError, "interpolation_scale must be a real number"),
+    # positions i / 1e-300: out of the exact range; the message must name the argument that caused it
+    ("interpolation_scale-tiny", {"interpolation_scale": 1e-300}, ValueError, r"exceeds 2\*\*32 turns.*interpolation_scale"),
+    ("base_size-huge", {"base_size": 1e300}, ValueError, r"exceeds 2\*\*32 turns.*base_size"),
+]:
+    _args = {"grid_shape": (2, 2), "dim": 8, **_kw}
+    bad("sincos_table_nd", _id, lambda a=_args: sincos_table_nd(**a), _exc, _match)
+    bad("SinusoidalEncodingND", f"init-{_id}", lambda a=_args: SinusoidalEncodingND(**a), _exc, _match)
+for _id, _dtype in [("int", torch.int64), ("complex", torch.complex64), ("str", "float32")]:
+    bad("sincos_table_nd", f"dtype-{_id}", lambda d=_dtype: sincos_table_nd((2, 2), 8, dtype=d), TypeError, "dtype must be one of")
+for _id, _dtype in [("float16", torch.float16), ("int", torch.int32), ("str", "float32")]:
+    bad("SinusoidalEncodingND", f"init-dtype-{_id}", lambda d=_dtype: SinusoidalEncodingND(8, (2, 2), dtype=d), TypeError,
+        "dtype is the table's dtype and must be torch.float32 or torch.float64")
+bad("SinusoidalEncodingND", "init-scale-nan", lambda: SinusoidalEncodingND(8, (2, 2), scale=NAN), ValueError, "scale must be finite")
+bad("SinusoidalEncodingND", "init-scale-str", lambda: SinusoidalEncodingND(8, (2, 2), scale="1"), TypeError,
+    "scale must be a real number")
+
+for _id, _grid, _dim, _kw, _want in [
+    ("1x1-prefix", (1, 1), 4, {"prefix_tokens": 3}, lambda: ref_sincos_nd((1, 1), 4, prefix=3)),
+    ("1-d", (3,), 6, {}, lambda: ref_sincos_nd((3,), 6)),
+    ("1-d-list", [3], 2, {}, lambda: ref_sincos_nd((3,), 2)),
+    ("numpy-ints", (np.int64(2), np.int16(3)), 8, {}, lambda: ref_sincos_nd((2, 3), 8)),
+    ("non-square", (1, 5), 8, {"prefix_tokens": 1}, lambda: ref_sincos_nd((1, 5), 8, prefix=1)),
+    ("timm", (2, 3), 8, {"order": "timm"}, lambda: ref_sincos_nd((2, 3), 8, order="timm")),
+    ("3-d", (2, 2, 3), 16, {"prefix_tokens": 1}, lambda: ref_sincos_nd((2, 2, 3), 16, prefix=1)),
+    ("3-d-1x1x1", (1, 1, 1), 32, {}, lambda: ref_sincos_nd((1, 1, 1), 32)),
+    ("base-1", (2, 2), 8, {"base": 1.0}, lambda: ref_sincos_nd((2, 2), 8, base=1.0)),
+    ("base-int", (2, 2), 8, {"base": 100}, lambda: ref_sincos_nd((2, 2), 8, base=100.0)),
+    ("base_size", (2, 4), 8, {"base_size": 8}, lambda: ref_sincos_nd((2, 4), 8, scale=(4.0, 2.0))),
+    ("base_size-per-axis", (2, 4), 8, {"base_size": (1, 2)}, lambda: ref_sincos_nd((2, 4), 8, scale=(0.5, 0.5))),
+    ("interpolation_scale-per-axis", (2, 3), 8, {"interpolation_scale": (2.0, 0.5)},
+     lambda: ref_sincos_nd((2, 3), 8, scale=(0.5, 2.0))),
+    ("interpolation_scale-3-d", (2, 1, 2), 16, {"interpolation_scale": (4, 1, 1)},
+     lambda: ref_sincos_nd((2, 1, 2), 16, scale=(0.25, 1.0, 1.0))),
+]:
+    good("sincos_table_nd", _id, lambda g=_grid, d=_dim, kw=_kw: sincos_table_nd(g, d, **kw),
+         lambda out, w=_want: close(out, w()) or (out.dtype == torch.float32 or pytest.fail(str(out.dtype))))
+good("sincos_table_nd", "float64", lambda: sincos_table_nd((2, 3), 8, dtype=torch.float64, prefix_tokens=1),
+     lambda out: close(out, ref_sincos_nd((2, 3), 8, prefix=1), atol=1e-14, rtol=1e-14))
+good("sincos_table_nd", "bfloat16", lambda: sincos_table_nd((3, 3), 8, dtype=torch.bfloat16),
+     lambda out: close(out, ref_sincos_nd((3, 3), 8), atol=4e-3, rtol=8e-3) or (out.dtype == torch.bfloat16 or pytest.fail("dtype")))
+good("sincos_table_nd", "meta", lambda: sincos_table_nd((2, 3), 8, prefix_tokens=1, device=META), _is_meta((7, 8)))
+
+
+def _nd_good(case_id, make, run, want, atol=1e-6):
+    """``run(module, x)`` must equal ``want(x0)`` (``x0`` as float64 before the call)."""
+    def thunk():
+        m, x = make()
+        x0 = arr(x).copy()
+        return run(m, x), x, x0
+
+    def check(r):
+        out, x, x0 = r
+        assert out.dtype == x.dtype, (out.dtype, x.dtype)
+        close(out, want(x0), atol=atol, rtol=max(atol, 1e-6))
+    good("SinusoidalEncodingND", case_id, thunk, check)
+
+
+for _id, _make, _run, _want, _atol in [
+    ("1x1-prefix", lambda: (SinusoidalEncodingND(8, (1, 1), prefix_tokens=2), rand(3, 8)), lambda m, x: m(x),
+     lambda x: x + ref_sincos_nd((1, 1), 8, prefix=2), 1e-6),
+    ("other-grid", lambda: (SinusoidalEncodingND(8, (2, 2), prefix_tokens=1), rand(2, 1 + 6, 8)),
+     lambda m, x: m(x, grid_shape=(3, 2)), lambda x: x + ref_sincos_nd((3, 2), 8, prefix=1), 1e-6),
+    ("other-grid-base_size", lambda: (SinusoidalEncodingND(8, (2, 2), base_size=2), rand(1, 9, 8)),
+     lambda m, x: m(x, grid_shape=(3, 3)), lambda x: x + ref_sincos_nd((3, 3), 8, scale=2 / 3), 1e-6),
+    ("3-d", lambda: (SinusoidalEncodingND(16, (2, 1, 2), interpolation_scale=(2.0, 1.0, 1.0)), rand(1, 4, 16)),
+     lambda m, x: m(x), lambda x: x + ref_sincos_nd((2, 1, 2), 16, scale=(0.5, 1.0, 1.0)), 1e-6),
+    ("timm", lambda: (SinusoidalEncodingND(8, (2, 3), order="timm"), rand(6, 8)), lambda m, x: m(x),
+     lambda x: x + ref_sincos_nd((2, 3), 8, order="timm"), 1e-6),
+    ("scale", lambda: (SinusoidalEncodingND(8, (2, 2), scale=0.5), rand(2, 4, 8)), lambda m, x: m(x),
+     lambda x: 0.5 * x + ref_sincos_nd((2, 2), 8), 1e-6),
+    ("non-contiguous", lambda: (SinusoidalEncodingND(8, (2, 2)), rand(8, 4, 2).permute(2, 1, 0)), lambda m, x: m(x),
+     lambda x: x + ref_sincos_nd((2, 2), 8), 1e-6),
+    ("expanded", lambda: (SinusoidalEncodingND(8, (2, 2)), rand(1, 4, 8).expand(3, 4, 8)), lambda m, x: m(x),
+     lambda x: x + ref_sincos_nd((2, 2), 8), 1e-6),
+    ("empty-batch", lambda: (SinusoidalEncodingND(8, (2, 2)), torch.zeros(0, 4, 8)), lambda m, x: m(x),
+     lambda x: np.zeros((0, 4, 8)), 0),
+    ("bfloat16", lambda: (SinusoidalEncodingND(8, (3, 3)), torch.zeros(2, 9, 8, dtype=torch.bfloat16)), lambda m, x: m(x),
+     lambda x: x + ref_sincos_nd((3, 3), 8), 4e-3),
+    ("module-bfloat16", lambda: (SinusoidalEncodingND(8, (3, 3)).to(torch.bfloat16), torch.zeros(9, 8)), lambda m, x: m(x),
+     lambda x: x + ref_sincos_nd((3, 3), 8), 1e-6),
+    ("float64", lambda: (SinusoidalEncodingND(8, (2, 3), dtype=torch.float64), rand(6, 8, dtype=torch.float64)),
+     lambda m, x: m(x), lambda x: x + ref_sincos_nd((2, 3), 8), 1e-13),
+    ("nan-inf", lambda: (SinusoidalEncodingND(8, (2, 2)), torch.tensor([NAN, INF, -INF, 0, 0, 0, 0, 0]).expand(4, 8)),
+     lambda m, x: m(x), lambda x: x + ref_sincos_nd((2, 2), 8), 1e-6),
+]:
+    _nd_good(_id, _make, _run, _want, _atol)
+good("SinusoidalEncodingND", "all-meta", lambda: SinusoidalEncodingND(8, (2, 2), device=META)(torch.zeros(2, 4, 8, device=META)),
+     _is_meta((2, 4, 8)))
+for _id, _call, _exc, _match in [
+    ("x-list", lambda m: m([[0.0] * 8] * 4), TypeError, "x must be a torch.Tensor"),
+    ("x-int", lambda m: m(torch.zeros(4, 8, dtype=torch.long)), TypeError, "x must be a floating tensor"),
+    ("x-complex", lambda m: m(torch.zeros(4, 8, dtype=torch.complex64)), TypeError, "x must be a floating tensor"),
+    ("x-dim", lambda m: m(torch.zeros(1, 4, 6)), ValueError, r"x must have shape \(B, S, 8\) or \(S, 8\)"),
+    ("x-1-d", lambda m: m(torch.zeros(8)), ValueError, r"x must have shape \(B, S, 8\)"),
+    ("x-4-d", lambda m: m(torch.zeros(1, 1, 4, 8)), ValueError, r"x must have shape \(B, S, 8\)"),
+    ("x-meta", lambda m: m(torch.zeros(1, 4, 8, device=META)), ValueError, "x is on meta but the tables on cpu"),
+    ("module-meta", lambda m: SinusoidalEncodingND(8, (2, 2), device=META)(torch.zeros(1, 4, 8)), ValueError,
+     "x is on cpu but the tables on meta.*reset_buffers"),
+    ("tokens-vs-grid", lambda m: m(torch.zeros(1, 5, 8)), ValueError,
+     r"x has 5 tokens but the grid_shape=\(2, 2\) with prefix_tokens=0 has 4; pass grid_shape="),
+    ("tokens-vs-prefix", lambda m: SinusoidalEncodingND(8, (2, 2), prefix_tokens=1)(torch.zeros(1, 4, 8)), ValueError,
+     "x has 4 tokens but the grid_shape=.* with prefix_tokens=1 has 5"),
+    ("tokens-vs-given-grid", lambda m: m(torch.zeros(1, 4, 8), grid_shape=(3, 3)), ValueError,
+     r"x has 4 tokens but the given grid_shape=\(3, 3\)"),
+    ("grid_shape-rank", lambda m: m(torch.zeros(1, 4, 8), grid_shape=(4,)), ValueError, "grid_shape must have 2 entries"),
+    ("grid_shape-float", lambda m: m(torch.zeros(1, 4, 8), grid_shape=(2.0, 2)), TypeError, r"grid_shape\[0\] must be an int"),
+    ("grid_shape-int", lambda m: m(torch.zeros(1, 4, 8), grid_shape=4), TypeError, "grid_shape must be a tuple"),
+    ("grid_shape-0", lambda m: m(torch.zeros(1, 0, 8), grid_shape=(0, 2)), ValueError, r"grid_shape\[0\] must be an int in"),
+    ("table-dtype-int", lambda m: m.table(dtype=torch.int32), TypeError, "dtype must be one of"),
+    # like SinusoidalEncoding: a scale that overflows x's dtype is refused, not a torch RuntimeError
+    ("scale-overflows-float16", lambda m: SinusoidalEncodingND(8, (2, 2), scale=7e4)(torch.ones(1, 4, 8, dtype=torch.float16)),
+     ValueError, "scale=70000 overflows x's dtype torch.float16"),
+]:
+    bad("SinusoidalEncodingND", _id, lambda c=_call: c(SinusoidalEncodingND(8, (2, 2))), _exc, _match)
+
+
+# grid_positions
+for _id, _args, _kw, _exc, _match in [
+    ("grid_shape-int", (4,), {}, TypeError, "grid_shape must be a non-empty sequence of ints"),
+    ("grid_shape-empty", ((),), {}, TypeError, "grid_shape must be a non-empty sequence of ints"),
+    ("grid_shape-str", ("22",), {}, TypeError, "grid_shape must be a non-empty sequence of ints"),
+    ("grid_shape-tensor", (torch.tensor([2, 2]),), {}, TypeError, "grid_shape must be a non-empty sequence of ints"),
+    ("grid_shape-float", ((2.0, 2),), {}, TypeError, r"grid_shape\[0\] must be an int"),
+    ("grid_shape-bool", ((2, True),), {}, TypeError, r"grid_shape\[1\] must be an int"),
+    ("grid_shape-0", ((0, 2),), {}, ValueError, r"grid_shape\[0\] must be >= 1"),
+    ("grid_shape-negative", ((2, -1),), {}, ValueError, r"grid_shape\[1\] must be >= 1"),
+    ("prefix_tokens-negative", ((2, 2),), {"prefix_tokens": -1}, ValueError, "prefix_tokens must be >= 0"),
+    ("prefix_tokens-float", ((2, 2),), {"prefix_tokens": 1.0}, TypeError, "prefix_tokens must be an int"),
+    ("prefix_tokens-bool", ((2, 2),), {"prefix_tokens": True}, TypeError, "prefix_tokens must be an int"),
+]:
+    bad("grid_positions", _id, lambda a=_args, kw=_kw: grid_positions(*a, **kw), _exc, _match)
+for _id, _args, _kw, _want in [
+    ("1x1-prefix", ((1, 1),), {"prefix_tokens": 2}, [[0, 0]] * 3),
+    ("1-d", ((3,),), {}, [[0], [1], [2]]),
+    ("3-d", ((2, 1, 2),), {"prefix_tokens": 1}, [[0, 0, 0], [0, 0, 0], [0, 0, 1], [1, 0, 0], [1, 0, 1]]),
+    ("4-axes", ((1, 1, 1, 2),), {}, [[0, 0, 0, 0], [0, 0, 0, 1]]),
+    ("list-numpy-ints", ([np.int32(2), 3],), {}, [[h, w] for h in range(2) for w in range(3)]),
+]:
+    good("grid_positions", _id, lambda a=_args, kw=_kw: grid_positions(*a, **kw),
+         lambda out, w=_want: close(out, np.asarray(w, dtype=np.int64)))
+good("grid_positions", "meta", lambda: grid_positions((2, 3), prefix_tokens=1, device=META), _is_meta((7, 2)))
+
+
+# axial_cos_sin
+_PG = torch.tensor([[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]])               # grid_positions((2, 3))
+for _id, _pos, _dims, _kw, _exc, _match in [
+    ("positions-float", _PG.float(), (4, 4), {}, TypeError, "positions must hold integers"),
+    ("positions-bool", _PG.bool(), (4, 4), {}, TypeError, "positions must hold integers"),
+    ("positions-list", _PG.tolist(), (4, 4), {}, TypeError, "positions must be an integer torch.Tensor"),
+    ("positions-n_axes", _PG, (4, 4, 4), {}, ValueError, r"positions must have shape \(S, 3\) or \(B, S, 3\)"),
+    ("positions-1-d", torch.arange(3), (4,), {}, ValueError, r"positions must have shape \(S, 1\)"),
+    ("positions-0-d", torch.tensor(3), (4,), {}, ValueError, r"positions must have shape \(S, 1\)"),
+    ("positions-2**31+1", torch.tensor([[0, 2**31 + 1]]), (4, 4), {}, ValueError, f"positions {EXACT}"),
+    ("axes_dims-odd", _PG, (4, 3), {}, ValueError, "axes_dims must all be even.*axis 1 has 3"),
+    ("axes_dims-0", _PG, (4, 0), {}, ValueError, r"axes_dims\[1\] must be >= 2"),
+    ("axes_dims-float", _PG, (4, 4.0), {}, TypeError, r"axes_dims\[1\] must be an int"),
+    ("axes_dims-bool", _PG, (True, 4), {}, TypeError, r"axes_dims\[0\] must be an int"),
+    ("axes_dims-int", _PG, 8, {}, TypeError, "axes_dims must be a non-empty sequence of ints"),
+    ("axes_dims-empty", _PG, (), {}, TypeError, "axes_dims must be a non-empty sequence of ints"),
+    ("axes_dims-str", _PG, "44", {}, TypeError, "axes_dims must be a non-empty sequence of ints"),
+    ("base-nan", _PG, (4, 4), {"base": NAN}, ValueError, "base must be finite"),
+    ("base-0", _PG, (4, 4), {"base": 0}, ValueError, "base must be > 0"),
+    ("base-negative", _PG, (4, 4), {"base": -1.0}, ValueError, "base must be > 0"),
+    ("base-str", _PG, (4, 4), {"base": "1e4"}, TypeError, "base must be a real number"),
+    ("base-tiny", _PG, (4, 4), {"base": 1e-300}, ValueError, r"exceeds 2\*\*32 turns.*base far below 1"),
+    ("dtype-int", _PG, (4, 4), {"dtype": torch.int32}, TypeError, "dtype must be one of"),
+]:
+    bad("axial_cos_sin", _id, lambda p=_pos, d=_dims, kw=_kw: axial_cos_sin(p, d, **kw), _exc, _match)
+for _id, _make, _dims, _kw, _atol in [
+    ("negative-int16", lambda: torch.tensor([[-3, 0], [5, -7], [0, 0]], dtype=torch.int16), (4, 2), {}, 1e-6),
+    ("uint8", lambda: _PG.to(torch.uint8) + 200, (4, 4), {}, 1e-6),
+    ("empty", lambda: torch.zeros(0, 2, dtype=torch.long), (4, 4), {}, 0),
+    ("per-row", lambda: torch.stack([_PG, _PG.flip(0)]), (2, 6), {}, 1e-6),
+    ("expanded", lambda: _PG[None].expand(3, 6, 2), (4, 4), {}, 1e-6),
+    ("non-contiguous", lambda: _PG.t().contiguous().t(), (4, 4), {}, 1e-6),
+    ("4-d", lambda: _PG.view(1, 2, 3, 2).expand(2, 2, 3, 2), (4, 4), {}, 1e-6),
+    ("one-axis", lambda: torch.tensor([[0], [4], [-2]]), (8,), {}, 1e-6),
+    ("three-axes", lambda: torch.tensor([[0, 1, 2], [3, 0, 9]]), (2, 4, 6), {"base": 100}, 1e-6),
+    ("float64", lambda: _PG * 1000, (4, 4), {"dtype": torch.float64}, 1e-13),
+    ("bfloat16", lambda: _PG, (4, 4), {"dtype": torch.bfloat16}, 4e-3),
+    ("int32-extremes", lambda: torch.tensor([[-(2**31), 2**31 - 1]], dtype=torch.int32), (2, 2), {"dtype": torch.float64}, 1e-12),
+]:
+    good("axial_cos_sin", _id, lambda m=_make, d=_dims, kw=_kw: (axial_cos_sin(m(), d, **kw), m()),
+         lambda r, d=_dims, kw=_kw, a=_atol: close(r[0], ref_axial_cos_sin(arr(r[1]), d, kw.get("base", BASE)), atol=a,
+                                                     rtol=max(a, 1e-6)))
+good("axial_cos_sin", "meta", lambda: axial_cos_sin(_PG.to(META), (4, 2)), _is_meta(((6, 3), (6, 3))))
+
+
+# apply_axial_rope
+def _acs(dims=(4, 4), pos=_PG):
+    return axial_cos_sin(pos, dims)
+
+
+for _id, _call, _exc, _match in [
+    ("x-int", lambda: apply_axial_rope(torch.zeros(6, 8, dtype=torch.long), *_acs()), TypeError, "x must be a floating tensor"),
+    ("x-list", lambda: apply_axial_rope([[0.0] * 8] * 6, *_acs()), TypeError, "x must be a torch.Tensor"),
+    ("cos-list", lambda: apply_axial_rope(rand(6, 8), [[1.0] * 4] * 6, [[0.0] * 4] * 6), TypeError, "cos must be a torch.Tensor"),
+    ("x-int-half", lambda: apply_axial_rope(torch.zeros(6, 8, dtype=torch.long), *_acs(), axes_dims=(4, 4), layout="half"),
+     TypeError, "x must be a floating tensor"),
+    ("sin-list-half", lambda: apply_axial_rope(rand(6, 8), _acs()[0], [[0.0] * 4] * 6, axes_dims=(4, 4), layout="half"),
+     TypeError, "sin must be a torch.Tensor"),
+    ("layout", lambda: apply_axial_rope(rand(6, 8), *_acs(), layout="neox"), ValueError, "layout must be one of"),
+    ("half-without-axes_dims", lambda: apply_axial_rope(rand(6, 8), *_acs(), layout="half"), ValueError,
+     "layout='half' pairs features inside each axis block: pass axes_dims="),
+    ("axes_dims-vs-cos", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(2, 2)), ValueError,
+     r"cos has 4 pairs but axes_dims=\(2, 2\) has 2"),
+    ("axes_dims-vs-cos-half", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(2, 2), layout="half"), ValueError,
+     r"cos has 4 pairs but axes_dims=\(2, 2\) has 2"),
+    ("axes_dims-odd", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(3, 5)), ValueError, "axes_dims must all be even"),
+    ("axes_dims-odd-half", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(3, 5), layout="half"), ValueError,
+     "axes_dims must all be even"),
+    ("axes_dims-int", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=8), TypeError,
+     "axes_dims must be a non-empty sequence"),
+    ("x-narrower-than-rotary", lambda: apply_axial_rope(rand(6, 6), *_acs()), ValueError, "exceeds x's feature dim 6"),
+    ("x-narrower-than-rotary-half", lambda: apply_axial_rope(rand(6, 6), *_acs(), axes_dims=(4, 4), layout="half"),
+     ValueError, r"sum\(axes_dims\) = 8 exceeds x's feature dim 6"),
+    ("rows-vs-x", lambda: apply_axial_rope(rand(5, 8), *_acs()), ValueError, "do not broadcast"),
+    ("rows-vs-x-half", lambda: apply_axial_rope(rand(5, 8), *_acs(), axes_dims=(4, 4), layout="half"), ValueError,
+     "do not broadcast"),
+    ("cos-sin-shapes-half", lambda: apply_axial_rope(rand(6, 8), _acs()[0], _acs()[1][:5], axes_dims=(4, 4), layout="half"),
+     ValueError, "cos and sin must have the same shape"),
+    ("cos-meta-half", lambda: apply_axial_rope(rand(6, 8), *(t.to(META) for t in _acs()), axes_dims=(4, 4), layout="half"),
+     ValueError, "cos is on meta but x on cpu"),
+    ("backend-half", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(4, 4), layout="half", backend="cuda"),
+     ValueError, "backend must be one of"),
+    ("inplace-int-half", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(4, 4), layout="half", inplace=1),
+     TypeError, "inplace must be a bool"),
+    # the checks apply_rope makes must hold on the half path too (today: IndexError / RuntimeError escape)
+    ("x-0-d-half", lambda: apply_axial_rope(torch.tensor(1.0), *_acs(), axes_dims=(4, 4), layout="half"), ValueError,
+     "x must have a feature axis"),
+    ("cos-0-d-half", lambda: apply_axial_rope(rand(6, 8), torch.tensor(1.0), torch.tensor(0.0), axes_dims=(4, 4), layout="half"),
+     ValueError, "cos must have a feature axis"),
+    ("cos-0-d-axes_dims", lambda: apply_axial_rope(rand(6, 8), torch.tensor(1.0), torch.tensor(0.0), axes_dims=(4, 4)),
+     ValueError, "cos must have a feature axis"),
+    ("cos-list-axes_dims", lambda: apply_axial_rope(rand(6, 8), [[1.0] * 4] * 6, [[0.0] * 4] * 6, axes_dims=(4, 4)),
+     TypeError, "cos must be a torch.Tensor"),
+    ("inplace-expanded-half", lambda: apply_axial_rope(rand(1, 8).expand(6, 8), *_acs(), axes_dims=(4, 4), layout="half",
+                                                           inplace=True), ValueError, "x has elements that share memory"),
+    ("inplace-leaf-half", lambda: apply_axial_rope(rand(6, 8).requires_grad_(), *_acs(), axes_dims=(4, 4), layout="half",
+                                                       inplace=True), ValueError, "x is .*leaf"),
+]:
+    bad("apply_axial_rope", _id, _call, _exc, _match)
+
+
+def _axial_good(name, case_id, make_x, run, want, atol=1e-5, inplace=False):
+    """``run(x)`` must equal ``want(x0)``; in place it returns ``x`` itself."""
+    def thunk():
+        x = make_x()
+        x0 = x.detach().clone()
+        return run(x), x, x0
+
+    def check(r):
+        out, x, x0 = r
+        if inplace:
+            assert out is x, "in place must return x itself"
+        assert out.dtype == x.dtype
+        close(out, want(x0), atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+    good(name, case_id, thunk, check)
+
+
+_PNEG = torch.tensor([[-3, 2], [0, -1], [7, 0], [-2, -2]], dtype=torch.int16)
+for _id, _make, _run, _want, _atol, _inplace in [
+    ("interleaved-pass-through", lambda: rand(2, 2, 6, 10), lambda x: apply_axial_rope(x, *_acs()),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4)), 1e-5, False),
+    ("half", lambda: rand(1, 2, 6, 8), lambda x: apply_axial_rope(x, *_acs((2, 6)), axes_dims=(2, 6), layout="half"),
+     lambda x: ref_axial_rope(x, arr(_PG), (2, 6), "half"), 1e-5, False),
+    ("half-pass-through", lambda: rand(6, 11), lambda x: apply_axial_rope(x, *_acs(), axes_dims=(4, 4), layout="half"),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4), "half"), 1e-5, False),
+    ("negative-coordinates", lambda: rand(1, 1, 4, 8), lambda x: apply_axial_rope(x, *_acs(pos=_PNEG)),
+     lambda x: ref_axial_rope(x, arr(_PNEG), (4, 4)), 1e-5, False),
+    ("seq_dim-1-rows", lambda: rand(2, 6, 3, 8), lambda x: apply_axial_rope(x, *(t[:, None] for t in _acs())),
+     lambda x: np.swapaxes(ref_axial_rope(np.swapaxes(arr(x), 1, 2), arr(_PG), (4, 4)), 1, 2), 1e-5, False),
+    ("non-contiguous", lambda: rand(8, 6, 2).permute(2, 1, 0), lambda x: apply_axial_rope(x, *_acs()),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4)), 1e-5, False),
+    ("expanded-half", lambda: rand(1, 1, 6, 8).expand(2, 3, 6, 8),
+     lambda x: apply_axial_rope(x, *_acs(), axes_dims=(4, 4), layout="half"),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4), "half"), 1e-5, False),
+    ("empty-seq", lambda: torch.zeros(2, 0, 8),
+     lambda x: apply_axial_rope(x, *_acs(pos=torch.zeros(0, 2, dtype=torch.long)), axes_dims=(4, 4), layout="half"),
+     lambda x: np.zeros((2, 0, 8)), 0, False),
+    ("bfloat16", lambda: rand(1, 2, 6, 8, dtype=torch.bfloat16), lambda x: apply_axial_rope(x, *_acs()),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4)), 3e-2, False),
+    ("bfloat16-half", lambda: rand(1, 2, 6, 8, dtype=torch.bfloat16),
+     lambda x: apply_axial_rope(x, *_acs(), axes_dims=(4, 4), layout="half"),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4), "half"), 3e-2, False),
+    ("inplace-half", lambda: rand(2, 6, 8), lambda x: apply_axial_rope(x, *_acs(), axes_dims=(4, 4), layout="half", inplace=True),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4), "half"), 1e-5, True),
+    ("inplace-non-contiguous", lambda: rand(8, 6).t(), lambda x: apply_axial_rope(x, *_acs(), inplace=True),
+     lambda x: ref_axial_rope(x, arr(_PG), (4, 4)), 1e-5, True),
+]:
+    _axial_good("apply_axial_rope", _id, _make, _run, _want, _atol, _inplace)
+
+
+# AxialRotaryEmbedding
+_QA = rand(1, 2, 6, 8, seed=21)
+for _id, _kw, _exc, _match in [
+    ("axes_dims-odd", {"axes_dims": (4, 3)}, ValueError, "axes_dims must all be even"),
+    ("axes_dims-float", {"axes_dims": (4, 4.0)}, TypeError, r"axes_dims\[1\] must be an int"),
+    ("axes_dims-int", {"axes_dims": 8}, TypeError, "axes_dims must be a non-empty sequence"),
+    ("base-nan", {"base": NAN}, ValueError, "base must be finite"),
+    ("base-0", {"base": 0}, ValueError, "base must be > 0"),
+    ("base-tiny", {"base": 1e-300}, ValueError, r"exceeds 2\*\*32 turns"),
+    ("layout", {"layout": "neox"}, ValueError, "layout must be one of"),
+    ("learned-int", {"learned": 1}, TypeError, "learned must be a bool"),
+    ("learned-without-num_heads", {"learned": True}, ValueError, "learned=True .* pass num_heads="),
+    ("learned-num_heads-0", {"learned": True, "num_heads": 0}, ValueError, "num_heads must be >= 1"),
+    ("learned-num_heads-float", {"learned": True, "num_heads": 2.0}, TypeError, "num_heads must be an int"),
+    ("learned-dim-not-splittable", {"axes_dims": (2, 4), "learned": True, "num_heads": 2}, ValueError,
+     r"sum\(axes_dims\) = 6 must be a multiple of 2 \* n_axes = 4"),
+    ("learned-base-nan", {"learned": True, "num_heads": 2, "base": NAN}, ValueError, "base must be finite"),
+    ("num_heads-0", {"num_heads": 0}, ValueError, "num_heads must be >= 1"),
+    ("max_positions-0", {"max_positions": 0}, ValueError, "max_positions must be >= 1"),
+    ("max_positions-negative", {"max_positions": -1}, ValueError, "max_positions must be >= 1"),
+    ("max_positions-float", {"max_positions": 4.0}, TypeError, "max_positions must be an int"),
+    ("max_positions-bool", {"max_positions": True}, TypeError, "max_positions must be an int"),
+    ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
+]:
+    bad("AxialRotaryEmbedding", f"init-{_id}", lambda kw=_kw: AxialRotaryEmbedding(**{"axes_dims": (4, 4), **kw}), _exc, _match)
+for _id, _call, _exc, _match in [
+    ("positions-float", lambda m: m(_QA, positions=_PG.float()), TypeError, "positions must hold integers"),
+    ("positions-list", lambda m: m(_QA, positions=_PG.tolist()), TypeError, "positions must be an integer torch.Tensor"),
+    ("positions-n_axes", lambda m: m(_QA, positions=grid_positions((1, 2, 3))), ValueError,
+     r"positions must have shape \(S, 2\) or \(B, S, 2\)"),
+    ("positions-1-d", lambda m: m(_QA, positions=torch.arange(6)), ValueError, r"positions must have shape \(S, 2\)"),
+    ("positions-wrong-S", lambda m: m(_QA, positions=grid_positions((2, 2))), ValueError,
+     r"positions must have shape \(6, 2\) or \(1, 6, 2\); got \(4, 2\)"),
+    ("positions-wrong-B", lambda m: m(_QA.expand(2, 2, 6, 8), positions=_PG[None].expand(3, 6, 2)), ValueError,
+     r"positions must have shape \(6, 2\) or \(2, 6, 2\); got \(3, 6, 2\)"),
+    ("positions-4-d", lambda m: m(_QA, positions=_PG[None, None]), ValueError, r"positions must have shape \(6, 2\)"),
+    ("positions-batched-for-2-d-q", lambda m: m(rand(6, 8), positions=_PG[None]), ValueError,
+     r"positions must have shape \(6, 2\); got \(1, 6, 2\)"),
+    ("positions-missing", lambda m: m(_QA), ValueError, "positions are required"),
+    ("positions-meta", lambda m: m(_QA, positions=_PG.to(META)), ValueError, "positions are on meta but q on cpu"),
+    ("positions-2**31+1", lambda m: m(_QA, positions=_PG * (2**31 + 1)), ValueError, f"positions {EXACT}"),
+    ("q-meta", lambda m: m(_QA.to(META), positions=_PG.to(META)), ValueError, "q is on meta but the tables on cpu"),
+    ("module-meta", lambda m: AxialRotaryEmbedding((4, 4), device=META)(_QA, positions=_PG), ValueError,
+     "q is on cpu but the tables on meta.*reset_buffers"),
+    ("q-int", lambda m: m(torch.zeros(1, 2, 6, 8, dtype=torch.long), positions=_PG), TypeError, "q must be a floating tensor"),
+    ("q-1-d", lambda m: m(torch.zeros(8), positions=_PG), ValueError, "q must have at least 2 dims"),
+    ("q-narrower-than-rotary", lambda m: m(rand(1, 2, 6, 6), positions=_PG), ValueError, "q has head dim 6 < rotary dim 8"),
+    ("k-seq-len", lambda m: m(_QA, rand(1, 1, 5, 8), positions=_PG), ValueError, "k .* must match q"),
+    ("seq_dim-features", lambda m: m(_QA, positions=_PG, seq_dim=-1), ValueError, "seq_dim=-1 is not a sequence axis"),
+    ("seq_dim-float", lambda m: m(_QA, positions=_PG, seq_dim=2.0), TypeError, "seq_dim must be an int"),
+    ("inplace-int", lambda m: m(_QA.clone(), positions=_PG, inplace=1), TypeError, "inplace must be a bool"),
+    ("inplace-expanded", lambda m: m(_QA[:, :1].expand(1, 2, 6, 8), positions=_PG, inplace=True), ValueError,
+     "q has elements that share memory"),
+    ("assume_in_table-str", lambda m: m(_QA, positions=_PG, assume_in_table="yes"), TypeError, "assume_in_table must be a bool"),
+    ("assume-broken-promise", lambda m: AxialRotaryEmbedding((4, 4), max_positions=2)(_QA, positions=_PG, assume_in_table=True),
+     ValueError, r"positions must lie in \[0, 2\) .*assume_in_table=True"),
+    ("assume-broken-promise-negative", lambda m: m(_QA, positions=-_PG, assume_in_table=True), ValueError,
+     r"positions must lie in \[0, 1024\) .*assume_in_table=True"),
+    ("positions-and-cos_sin", lambda m: m(_QA, positions=_PG, cos_sin=m.cos_sin(_PG)), ValueError,
+     "pass either positions or cos_sin"),
+    ("cos_sin-not-a-pair", lambda m: m(_QA, cos_sin=torch.zeros(6, 4)), TypeError, "cos_sin must be the \\(cos, sin\\) pair"),
+    ("cos_sin-int", lambda m: m(_QA, cos_sin=(torch.zeros(6, 4, dtype=torch.long),) * 2), TypeError,
+     "cos_sin's cos must be a floating tensor"),
+    ("cos_sin-wrong-S", lambda m: m(_QA, cos_sin=m.cos_sin(_PG[:5])), ValueError, r"cos_sin must be \(S, dim/2\) .* S=6"),
+    ("cos_sin-meta", lambda m: m(_QA, cos_sin=(torch.zeros(6, 4, device=META),) * 2), ValueError, "cos_sin's cos is on meta"),
+    ("cos_sin-dtype", lambda m: m.cos_sin(_PG, dtype=torch.int32), TypeError, "dtype must be one of"),
+    ("cos_sin-positions-meta", lambda m: m.cos_sin(_PG.to(META)), ValueError, "positions is on meta but the tables on cpu"),
+    ("learned-heads", lambda m: AxialRotaryEmbedding((4, 4), learned=True, num_heads=3)(_QA, positions=_PG), ValueError,
+     "q has 2 heads but the learned frequencies were built for num_heads=3"),
+    ("learned-3-d-q", lambda m: AxialRotaryEmbedding((4, 4), learned=True, num_heads=2)(_QA[0], positions=_PG), ValueError,
+     r"learned \(RoPE-Mixed\) frequencies differ per head, so q must be 4-D"),
+]:
+    bad("AxialRotaryEmbedding", _id, lambda c=_call: c(AxialRotaryEmbedding((4, 4))), _exc, _match)
+
+
+def _axial_qk(case_id, make_module, make_qk, kw, want, atol=1e-5):
+    """``module(q, k, **kw)`` must equal ``want(module, q0, k0)`` for each of q, k (k may be None)."""
+    def thunk():
+        m = make_module()
+        q, k = make_qk()
+        q0, k0 = q.detach().clone(), None if k is None else k.detach().clone()
+        kw_ = {key: (v(m) if callable(v) else v) for key, v in kw.items()}
+        return m(q, k, **kw_), m, q0, k0
+
+    def check(r):
+        (qo, ko), m, q0, k0 = r
+        want_q, want_k = want(m, q0, k0)
+        assert qo.dtype == q0.dtype
+        close(qo, want_q, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+        if want_k is None:
+            assert ko is None
+        else:
+            close(ko, want_k, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+    good("AxialRotaryEmbedding", case_id, thunk, check)
+
+
+def _axial_want(p, dims=(4, 4), layout="interleaved", seq1=False):
+    def one(t):
+        if t is None:
+            return None
+        if seq1:                                                   # (B, S, H, D): rotate as (B, H, S, D)
+            return np.swapaxes(ref_axial_rope(np.swapaxes(arr(t), 1, 2), p, dims, layout), 1, 2)
+        return ref_axial_rope(t, p, dims, layout)
+    return lambda m, q, k: (one(q), one(k))
+
+
+def _mixed_want(p):
+    """RoPE-Mixed: pair j of head h turns by sum_a p_a * freqs[a, h, j] (interleaved pairs), from the module's parameter."""
+    def want(m, q, k):
+        f = m.freqs.detach().double().numpy()                                   # (n, H, h)
+        angle = np.einsum("...sa,ahj->...hsj", np.asarray(p, dtype=np.float64), f)  # (H, S, h) or (B, H, S, h)
+        pairs = (list(range(0, 8, 2)), list(range(1, 8, 2)))
+        return tuple(None if t is None else ref_rotate_pairs(t, angle, *pairs) for t in (q, k))
+    return want
+
+
+_P16 = torch.tensor([[0, 9], [1, 1], [3, 0], [2, 5], [0, 0], [7, 7]], dtype=torch.int16)
+for _id, _module, _qk, _kw, _want, _atol in [
+    ("negative-coordinates", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 2, 4, 8), rand(1, 1, 4, 8)),
+     {"positions": _PNEG}, _axial_want(arr(_PNEG)), 1e-5),
+    ("int16-past-table", lambda: AxialRotaryEmbedding((4, 4), max_positions=4), lambda: (rand(2, 2, 6, 8), None),
+     {"positions": _P16}, _axial_want(arr(_P16)), 1e-5),
+    ("uint8-in-table-assumed", lambda: AxialRotaryEmbedding((2, 6)), lambda: (rand(1, 2, 6, 8), rand(1, 1, 6, 8)),
+     {"positions": _PG.to(torch.uint8), "assume_in_table": True}, _axial_want(arr(_PG), (2, 6)), 1e-5),
+    ("batch-shared-(1,S,n)", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(3, 2, 6, 8), rand(3, 1, 6, 8)),
+     {"positions": _PG[None]}, _axial_want(arr(_PG)), 1e-5),
+    ("per-row-(B,S,n)", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(2, 2, 6, 8), rand(2, 2, 6, 8)),
+     {"positions": torch.stack([_PG, _PG.flip(0)])}, _axial_want(np.stack([arr(_PG), arr(_PG)[::-1]])), 1e-5),
+    ("per-row-expanded", lambda: AxialRotaryEmbedding((4, 4), layout="half"), lambda: (rand(2, 2, 6, 8), None),
+     {"positions": _PG[None].expand(2, 6, 2)}, _axial_want(arr(_PG), layout="half"), 1e-5),
+    ("empty-seq", lambda: AxialRotaryEmbedding((4, 4)), lambda: (torch.zeros(1, 2, 0, 8), torch.zeros(1, 1, 0, 8)),
+     {"positions": torch.zeros(0, 2, dtype=torch.long)}, lambda m, q, k: (np.zeros((1, 2, 0, 8)), np.zeros((1, 1, 0, 8))), 0),
+    ("empty-seq-half", lambda: AxialRotaryEmbedding((4, 4), layout="half"), lambda: (torch.zeros(1, 2, 0, 8), None),
+     {"positions": torch.zeros(0, 2, dtype=torch.uint8)}, lambda m, q, k: (np.zeros((1, 2, 0, 8)), None), 0),
+    ("1x1-grid-prefix", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 2, 3, 8), rand(1, 1, 3, 8)),
+     {"positions": grid_positions((1, 1), prefix_tokens=2)}, lambda m, q, k: (arr(q), arr(k)), 0),
+    ("bfloat16", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 2, 6, 8, dtype=torch.bfloat16),
+                                                                 rand(1, 1, 6, 8, dtype=torch.bfloat16)),
+     {"positions": _PG}, _axial_want(arr(_PG)), 3e-2),
+    ("bfloat16-half-past-table", lambda: AxialRotaryEmbedding((4, 4), layout="half", max_positions=1),
+     lambda: (rand(1, 2, 6, 8, dtype=torch.bfloat16), None), {"positions": _PG}, _axial_want(arr(_PG), layout="half"), 3e-2),
+    ("float64", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 2, 6, 8, dtype=torch.float64), None),
+     {"positions": _PG * 1000}, _axial_want(arr(_PG) * 1000), 1e-12),
+    ("seq_dim-1-non-contiguous", lambda: AxialRotaryEmbedding((4, 4)),
+     lambda: (rand(1, 2, 6, 8).transpose(1, 2), rand(1, 1, 6, 8).transpose(1, 2)),
+     {"positions": _PG, "seq_dim": 1}, _axial_want(arr(_PG), seq1=True), 1e-5),
+    ("expanded", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 1, 6, 8).expand(2, 3, 6, 8), rand(1, 1, 6, 8).expand(2, 1, 6, 8)),
+     {"positions": _PG}, _axial_want(arr(_PG)), 1e-5),
+    ("head-dim-past-rotary-half", lambda: AxialRotaryEmbedding((2, 4), layout="half"), lambda: (rand(1, 2, 6, 9), None),
+     {"positions": _PG}, _axial_want(arr(_PG), (2, 4), "half"), 1e-5),
+    ("2-d-q", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(6, 8), rand(6, 8)), {"positions": _PG},
+     _axial_want(arr(_PG)), 1e-5),
+    ("cos_sin-rows", lambda: AxialRotaryEmbedding((4, 4), layout="half"), lambda: (rand(2, 2, 6, 8), None),
+     {"cos_sin": lambda m: m.cos_sin(_PNEG[:2].repeat(3, 1))}, _axial_want(arr(_PNEG[:2].repeat(3, 1)), layout="half"), 1e-5),
+    ("one-axis-half", lambda: AxialRotaryEmbedding((8,), layout="half"), lambda: (rand(1, 2, 3, 8), None),
+     {"positions": torch.tensor([[5], [-1], [0]])}, _axial_want(np.array([[5], [-1], [0]]), (8,), "half"), 1e-5),
+    ("learned-mixed", lambda: AxialRotaryEmbedding((4, 4), learned=True, num_heads=2),
+     lambda: (rand(1, 2, 6, 8), rand(1, 2, 6, 8)), {"positions": _PNEG.repeat(2, 1)[:6]}, _mixed_want(arr(_PNEG.repeat(2, 1)[:6])),
+     1e-5),
+]:
+    _axial_qk(_id, _module, _qk, _kw, _want, _atol)
+good("AxialRotaryEmbedding", "all-meta", lambda: AxialRotaryEmbedding((4, 4), device=META)(
+    _QA.to(META), positions=_PG.to(META))[0], _is_meta((1, 2, 6, 8)))
+
+
+# mrope_cos_sin
+_INV8 = torch.tensor(ref_theta(8))                                                  # dim 8: (4,) float64
+_PT = torch.arange(5).expand(3, 5)                                                  # text-only (3, S)
+_PIMG = torch.tensor([[0, 1, 2, 2, 2, 2, 4], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 2, 3, 4]])   # text, 2x2 image, text
+for _id, _pos, _inv, _sec, _kw, _exc, _match in [
+    ("positions-(B,S)", torch.arange(5)[None].expand(2, 5), _INV8, [2, 1, 1], {}, ValueError,
+     r"positions must have shape \(3, S\) or \(3, B, S\).*expand\(3, -1, -1\)"),
+    ("positions-1-d", torch.arange(5), _INV8, [2, 1, 1], {}, ValueError, r"positions must have shape \(3, S\)"),
+    ("positions-4-rows", torch.zeros(4, 5, dtype=torch.long), _INV8, [2, 1, 1], {}, ValueError,
+     r"positions must have shape \(3, S\).*positions\[1:\]"),
+    ("positions-float", _PT.float(), _INV8, [2, 1, 1], {}, TypeError, "positions must hold integers"),
+    ("positions-list", _PT.tolist(), _INV8, [2, 1, 1], {}, TypeError, "positions must be an integer torch.Tensor"),
+    ("positions-2**31+1", _PT + 2**31 - 3, _INV8, [2, 1, 1], {}, ValueError, f"positions {EXACT}"),
+    ("inv_freq-list", _PT, [1.0, 0.1, 0.01, 0.001], [2, 1, 1], {}, TypeError, "inv_freq must be a 1-D floating tensor"),
+    ("inv_freq-int", _PT, torch.arange(4), [2, 1, 1], {}, TypeError, "inv_freq must be a 1-D floating tensor"),
+    ("inv_freq-2-d", _PT, _INV8[None], [2, 1, 1], {}, TypeError, "inv_freq must be a 1-D floating tensor"),
+    ("inv_freq-nan", _PT, torch.tensor([1.0, NAN, 1.0, 1.0]), [2, 1, 1], {}, ValueError, "inv_freq must be finite"),
+    ("inv_freq-meta", _PT, _INV8.to(META), [2, 1, 1], {}, ValueError, "inv_freq is on the meta device"),
+    ("inv_freq-huge", _PT, torch.tensor([1e300, 1.0, 1.0, 1.0], dtype=torch.float64), [2, 1, 1], {}, ValueError,
+     r"exceeds 2\*\*32 turns.*huge inv_freq"),
+    ("mrope_section-sum", _PT, _INV8, [2, 2, 2], {}, ValueError, r"mrope_section=\[2, 2, 2\] sums to 6 .* dim/2"),
+    ("mrope_section-length", _PT, _INV8, [3, 1], {}, ValueError, "mrope_section must be a sequence of three"),
+    ("mrope_section-negative", _PT, _INV8, [3, 2, -1], {}, ValueError, r"mrope_section\[2\] must be >= 0"),
+    ("mrope_section-float", _PT, _INV8, [2.0, 1, 1], {}, TypeError, r"mrope_section\[0\] must be an int"),
+    ("mrope_section-str", _PT, _INV8, "211", {}, ValueError, "mrope_section must be a sequence of three"),
+    ("mrope_section-int", _PT, _INV8, 4, {}, ValueError, "mrope_section must be a sequence of three"),
+    ("mrope_interleaved-int", _PT, _INV8, [2, 1, 1], {"mrope_interleaved": 1}, TypeError, "mrope_interleaved.* must be a bool"),
+    ("mrope_interleaved-unfit", _PT, _INV8, [0, 0, 4], {"mrope_interleaved": True}, ValueError,
+     r"interleaved mrope_section=\[0, 0, 4\] does not fit dim=8"),
+    ("attention_factor-nan", _PT, _INV8, [2, 1, 1], {"attention_factor": NAN}, ValueError, "attention_factor must be finite"),
+    ("attention_factor-negative", _PT, _INV8, [2, 1, 1], {"attention_factor": -1.0}, ValueError, "attention_factor must be >= 0"),
+    ("dtype-int", _PT, _INV8, [2, 1, 1], {"dtype": torch.int64}, TypeError, "dtype must be one of"),
+]:
+    bad("mrope_cos_sin", _id, lambda p=_pos, i=_inv, s=_sec, kw=_kw: mrope_cos_sin(p, i, s, **kw), _exc, _match)
+for _id, _make, _sec, _kw, _want, _atol in [
+    ("text-only-is-rope", lambda: _PT, [2, 1, 1], {}, lambda p: ref_cos_sin(np.arange(5), 8), 1e-6),
+    ("image", lambda: _PIMG, [2, 1, 1], {}, lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-6),
+    ("per-row-int16", lambda: torch.stack([_PIMG, _PIMG.flip(1)], 1).to(torch.int16), [1, 2, 1], {},
+     lambda p: tuple(f(ref_mrope_angles(p, 8, (1, 2, 1))) for f in (np.cos, np.sin)), 1e-6),
+    ("uint8", lambda: (_PIMG + 250).to(torch.uint8), [2, 1, 1], {},
+     lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-6),
+    ("negative", lambda: _PIMG - 3, [2, 1, 1], {}, lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)),
+     1e-6),
+    ("expanded", lambda: _PIMG[:, None].expand(3, 2, 7), [2, 1, 1], {},
+     lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-6),
+    ("non-contiguous", lambda: _PIMG.t().contiguous().t(), [0, 2, 2], {},
+     lambda p: tuple(f(ref_mrope_angles(p, 8, (0, 2, 2))) for f in (np.cos, np.sin)), 1e-6),
+    ("one-axis-sections", lambda: _PIMG, [4, 0, 0], {}, lambda p: ref_cos_sin(arr(_PIMG)[0], 8), 1e-6),
+    ("interleaved", lambda: _PIMG, [2, 1, 1], {"mrope_interleaved": True},
+     lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1), interleaved=True)) for f in (np.cos, np.sin)), 1e-6),
+    ("attention_factor-float64", lambda: _PIMG, [2, 1, 1], {"attention_factor": 2, "dtype": torch.float64},
+     lambda p: tuple(2 * f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-13),
+    ("bfloat16", lambda: _PIMG, [2, 1, 1], {"dtype": torch.bfloat16},
+     lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 4e-3),
+    ("empty", lambda: torch.zeros(3, 0, dtype=torch.long), [2, 1, 1], {}, lambda p: (np.zeros((0, 4)),) * 2, 0),
+    ("empty-per-row", lambda: torch.zeros(3, 2, 0, dtype=torch.long), [2, 1, 1], {}, lambda p: (np.zeros((2, 0, 4)),) * 2, 0),
+]:
+    good("mrope_cos_sin", _id, lambda m=_make, s=_sec, kw=_kw: (mrope_cos_sin(m(), _INV8, s, **kw), m()),
+         lambda r, w=_want, a=_atol: close(r[0], w(arr(r[1])), atol=a, rtol=max(a, 1e-6)))
+good("mrope_cos_sin", "inv_freq-float32", lambda: mrope_cos_sin(_PT, _INV8.float(), [2, 1, 1]),
+     lambda r: close(r, ref_cos_sin_theta(np.arange(5), _INV8.float().double().numpy())))
+good("mrope_cos_sin", "meta", lambda: mrope_cos_sin(_PIMG.to(META), _INV8, [2, 1, 1]), _is_meta(((7, 4), (7, 4))))
+
+
+# MultimodalRotaryEmbedding
+_QM = rand(1, 2, 7, 8, seed=31)
+for _id, _kw, _exc, _match in [
+    ("dim-odd", {"dim": 7, "mrope_section": [1, 1, 1]}, ValueError, "dim .* must be even"),
+    ("dim-float", {"dim": 8.0}, TypeError, "dim must be an int"),
+    ("dim-0", {"dim": 0, "mrope_section": [0, 0, 0]}, ValueError, "dim must be >= 2"),
+    ("mrope_section-sum", {"mrope_section": [2, 2, 2]}, ValueError, "mrope_section=.* sums to 6"),
+    ("mrope_section-none", {"mrope_section": None}, ValueError, "mrope_section must be a sequence of three"),
+    ("mrope_section-float", {"mrope_section": [2, 1.0, 1]}, TypeError, r"mrope_section\[1\] must be an int"),
+    ("max_seq_len-0", {"max_seq_len": 0}, ValueError, "max_seq_len must be >= 1"),
+    ("max_seq_len-float", {"max_seq_len": 4.0}, TypeError, "max_seq_len must be an int"),
+    ("base-nan", {"base": NAN}, ValueError, "base must be finite"),
+    ("base-negative", {"base": -1.0}, ValueError, "base must be > 0"),
+    ("base-1", {"base": 1.0}, ValueError, "base must not be 1"),
+    ("base-tiny", {"base": 1e-300}, ValueError, r"exceeds 2\*\*32 turns"),
+    ("layout", {"layout": "neox"}, ValueError, "layout must be one of"),
+    ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
+    ("mrope_interleaved-int", {"mrope_interleaved": 1}, TypeError, "mrope_interleaved.* must be a bool"),
+    ("scaling-length-dependent", {"scaling": DynamicNTKScaling(2.0, 16)}, ValueError,
+     "scaling rules whose frequencies do not depend on the sequence length"),
+    # an unknown scaling object is refused with the fix, as by RotaryEmbedding (today: AttributeError)
+    ("scaling-str", {"scaling": "linear"}, TypeError, "scaling must be None or a posenc scaling rule"),
+]:
+    bad("MultimodalRotaryEmbedding", f"init-{_id}",
+        lambda kw=_kw: MultimodalRotaryEmbedding(**{"dim": 8, "mrope_section": [2, 1, 1], **kw}), _exc, _match)
+for _id, _call, _exc, _match in [
+    ("positions-(B,S)", lambda m: m(_QM, positions=torch.arange(7)[None]), ValueError,
+     r"positions must have shape \(3, S\) or \(3, B, S\)"),
+    ("positions-1-d", lambda m: m(_QM, positions=torch.arange(7)), ValueError, r"positions must have shape \(3, S\)"),
+    ("positions-4-rows", lambda m: m(_QM, positions=torch.zeros(4, 1, 7, dtype=torch.long)), ValueError, r"positions\[1:\]"),
+    ("positions-float", lambda m: m(_QM, positions=_PIMG.float()), TypeError, "positions must hold integers"),
+    ("positions-wrong-S", lambda m: m(_QM, positions=_PIMG[:, :6]), ValueError,
+     r"positions must have shape \(3, S\) or \(3, B, S\) with B=1, S=7; got \(3, 6\)"),
+    ("positions-wrong-B", lambda m: m(_QM, positions=_PIMG[:, None].expand(3, 2, 7)), ValueError,
+     r"positions must have shape .* B=1, S=7; got \(3, 2, 7\)"),
+    ("positions-batched-for-2-d-q", lambda m: m(rand(7, 8), positions=_PIMG[:, None]), ValueError,
+     r"positions must have shape \(3, S\), S=7"),
+    ("positions-meta", lambda m: m(_QM, positions=_PIMG.to(META)), ValueError, "positions are on meta but q on cpu"),
+    ("positions-2**31+1", lambda m: m(_QM, positions=_PIMG + 2**31 - 3), ValueError, f"positions {EXACT}"),
+    ("positions-and-offset", lambda m: m(_QM, positions=_PIMG, offset=1), ValueError, "either positions or offset"),
+    ("offset-float", lambda m: m(_QM, offset=1.0), TypeError, "offset must be an int"),
+    ("offset-bool", lambda m: m(_QM, offset=True), TypeError, "offset must be an int"),
+    ("offset-2**31", lambda m: m(_QM, offset=2**31), ValueError, f"positions {EXACT}"),
+    ("q-meta", lambda m: m(_QM.to(META), positions=_PIMG.to(META)), ValueError, "q is on meta but the tables on cpu"),
+    ("module-meta", lambda m: MultimodalRotaryEmbedding(8, [2, 1, 1], device=META)(_QM, positions=_PIMG), ValueError,
+     "q is on cpu but the tables on meta.*reset_buffers"),
+    ("q-int", lambda m: m(_QM.long(), positions=_PIMG), TypeError, "q must be a floating tensor"),
+    ("q-narrower-than-rotary", lambda m: m(_QM[..., :6], positions=_PIMG), ValueError, "q has head dim 6 < rotary dim 8"),
+    ("k-batch", lambda m: m(_QM, rand(2, 1, 7, 8), positions=_PIMG), ValueError, "k .* must match q"),
+    ("inplace-int", lambda m: m(_QM.clone(), positions=_PIMG, inplace=1), TypeError, "inplace must be a bool"),
+    ("inplace-expanded", lambda m: m(_QM[:, :1].expand(1, 2, 7, 8), positions=_PIMG, inplace=True), ValueError,
+     "q has elements that share memory"),
+    ("assume_in_table-str", lambda m: m(_QM, positions=_PIMG, assume_in_table="y"), TypeError, "assume_in_table must be a bool"),
+    ("assume-broken-promise", lambda m: MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=2)(
+        _QM, positions=_PIMG, assume_in_table=True), ValueError, r"positions must lie in \[0, 2\) .*assume_in_table=True"),
+    # a negative position promised in the table must not wrap around to the table's last rows (torch.take)
+    ("assume-broken-promise-negative", lambda m: MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=8)(
+        _QM, positions=_PIMG - 1, assume_in_table=True), ValueError, r"positions must lie in \[0, 8\) .*assume_in_table=True"),
+    ("cos_sin-positions", lambda m: m.cos_sin(torch.arange(7)), ValueError, r"positions must have shape \(3, S\)"),
+    ("cos_sin-dtype", lambda m: m.cos_sin(_PIMG, dtype=torch.int32), TypeError, "dtype must be one of"),
+    ("cos_sin-assume-int", lambda m: m.cos_sin(_PIMG, assume_in_table=1), TypeError, "assume_in_table must be a bool"),
+    ("from_hf_config-none", lambda m: MultimodalRotaryEmbedding.from_hf_config(None), TypeError, "config must be a transformers"),
+    ("from_hf_config-1-d", lambda m: MultimodalRotaryEmbedding.from_hf_config({"head_dim": 8}), ValueError,
+     "this config has no mrope_section"),
+]:
+    bad("MultimodalRotaryEmbedding", _id, lambda c=_call: c(MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=16)), _exc, _match)
+
+
+def _mrope_qk(case_id, make_module, make_qk, kw, want, atol=1e-5):
+    def thunk():
+        q, k = make_qk()
+        q0, k0 = q.detach().clone(), None if k is None else k.detach().clone()
+        return make_module()(q, k, **kw), q0, k0
+
+    def check(r):
+        (qo, ko), q0, k0 = r
+        want_q, want_k = want(q0, k0)
+        assert qo.dtype == q0.dtype
+        close(qo, want_q, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+        if want_k is None:
+            assert ko is None
+        else:
+            close(ko, want_k, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+    good("MultimodalRotaryEmbedding", case_id, thunk, check)
+
+
+def _mrope_want(p3, section=(2, 1, 1), layout="half", interleaved=False, seq1=False):
+    def one(t):
+        if t is None:
+            return None
+        if seq1:
+            return np.swapaxes(ref_mrope(np.swapaxes(arr(t), 1, 2), p3, 8, section, layout, interleaved), 1, 2)
+        return ref_mrope(t, p3, 8, section, layout, interleaved)
+    return lambda q, k: (one(q), one(k))
+
+
+_MR = MultimodalRotaryEmbedding
+for _id, _module, _qk, _kw, _want, _atol in [
+    ("text-only-is-rope", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 5, 8), rand(1, 1, 5, 8)), {"positions": _PT},
+     lambda q, k: (ref_rope(q, np.arange(5)), ref_rope(k, np.arange(5))), 1e-5),
+    ("default-positions-offset", lambda: _MR(8, [1, 2, 1], max_seq_len=4), lambda: (rand(1, 2, 3, 8), None), {"offset": 6},
+     lambda q, k: (ref_rope(q, np.arange(6, 9)), None), 1e-5),
+    ("offset-negative", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 3, 8), None), {"offset": -2},
+     lambda q, k: (ref_rope(q, np.arange(-2, 1)), None), 1e-5),
+    ("image", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 7, 8), rand(1, 1, 7, 8)), {"positions": _PIMG},
+     _mrope_want(arr(_PIMG)), 1e-5),
+    ("batch-shared-(3,1,S)", lambda: _MR(8, [2, 1, 1]), lambda: (rand(3, 2, 7, 8), rand(3, 1, 7, 8)),
+     {"positions": _PIMG[:, None]}, _mrope_want(arr(_PIMG)), 1e-5),
+    ("per-row-int16", lambda: _MR(8, [1, 1, 2]), lambda: (rand(2, 2, 7, 8), None),
+     {"positions": torch.stack([_PIMG, _PIMG.flip(1)], 1).to(torch.int16)},
+     _mrope_want(np.stack([arr(_PIMG), arr(_PIMG)[:, ::-1]], 1), (1, 1, 2)), 1e-5),
+    ("uint8-assumed", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 7, 8), None),
+     {"positions": _PIMG.to(torch.uint8), "assume_in_table": True}, _mrope_want(arr(_PIMG)), 1e-5),
+    ("past-table-negative", lambda: _MR(8, [2, 1, 1], max_seq_len=2), lambda: (rand(1, 2, 7, 8), None),
+     {"positions": _PIMG * 3 - 5}, _mrope_want(arr(_PIMG) * 3 - 5), 1e-5),
+    ("empty-seq", lambda: _MR(8, [2, 1, 1]), lambda: (torch.zeros(1, 2, 0, 8), torch.zeros(1, 1, 0, 8)),
+     {"positions": torch.zeros(3, 0, dtype=torch.long)}, lambda q, k: (np.zeros((1, 2, 0, 8)), np.zeros((1, 1, 0, 8))), 0),
+    ("empty-seq-offset", lambda: _MR(8, [2, 1, 1]), lambda: (torch.zeros(1, 2, 0, 8), None), {"offset": 2**31},
+     lambda q, k: (np.zeros((1, 2, 0, 8)), None), 0),
+    ("bfloat16", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 7, 8, dtype=torch.bfloat16), rand(1, 1, 7, 8, dtype=torch.bfloat16)),
+     {"positions": _PIMG}, _mrope_want(arr(_PIMG)), 3e-2),
+    ("float64", lambda: _MR(8, [2, 1, 1], max_seq_len=2), lambda: (rand(1, 2, 7, 8, dtype=torch.float64), None),
+     {"positions": _PIMG * 1000}, _mrope_want(arr(_PIMG) * 1000), 1e-12),
+    ("seq_dim-1-non-contiguous", lambda: _MR(8, [2, 1, 1]),
+     lambda: (rand(1, 2, 7, 8).transpose(1, 2), rand(1, 1, 7, 8).transpose(1, 2)),
+     {"positions": _PIMG, "seq_dim": 1}, _mrope_want(arr(_PIMG), seq1=True), 1e-5),
+    ("expanded", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 1, 7, 8).expand(2, 3, 7, 8), rand(1, 1, 7, 8).expand(2, 1, 7, 8)),
+     {"positions": _PIMG[:, None].expand(3, 2, 7)}, _mrope_want(arr(_PIMG)), 1e-5),
+    ("interleaved-layout", lambda: _MR(8, [2, 1, 1], layout="interleaved"), lambda: (rand(1, 2, 7, 8), None),
+     {"positions": _PIMG}, _mrope_want(arr(_PIMG), layout="interleaved"), 1e-5),
+    ("mrope_interleaved", lambda: _MR(8, [2, 1, 1], mrope_interleaved=True), lambda: (rand(1, 2, 7, 8), None),
+     {"positions": _PIMG}, _mrope_want(arr(_PIMG), interleaved=True), 1e-5),
+    ("head-dim-past-rotary", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 7, 11), None), {"positions": _PIMG},
+     _mrope_want(arr(_PIMG)), 1e-5),
+    ("2-d-q", lambda: _MR(8, [2, 1, 1]), lambda: (rand(7, 8), rand(7, 8)), {"positions": _PIMG}, _mrope_want(arr(_PIMG)), 1e-5),
+]:
+    _mrope_qk(_id, _module, _qk, _kw, _want, _atol)
+good("MultimodalRotaryEmbedding", "all-meta", lambda: _MR(8, [2, 1, 1], device=META)(
+    _QM.to(META), positions=_PIMG.to(META))[0], _is_meta((1, 2, 7, 8)))
+good("MultimodalRotaryEmbedding", "cos_sin-text-is-rope", lambda: _MR(8, [2, 1, 1], max_seq_len=2).cos_sin(
+    torch.tensor([[-1, 9]]).expand(3, 2)), lambda r: close(r, ref_cos_sin(np.array([-1, 9]), 8)))
+
+
+# mrope_positions: rows of (t, h, w) positions, written out by hand from the rule (text p, p+1, ...; an image
+# (T, H, W) with merge m at p: t = p + k, h = p + row, w = p + col over (T, H/m, W/m); the next text at p + max(H, W)/m)
+_IDS7 = torch.zeros(1, 7, dtype=torch.long)
+_TYPES7 = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])
+_G44 = torch.tensor([[1, 4, 4]])
+for _id, _call, _exc, _match in [
+    ("input_ids-list", lambda: mrope_positions([[0] * 7]), ValueError, r"input_ids must be a \(B, S\) tensor"),
+    ("input_ids-1-d", lambda: mrope_positions(torch.zeros(7, dtype=torch.long)), ValueError,
+     r"input_ids must be a \(B, S\) tensor.*input_ids\[None\]"),
+    ("image-tokens-without-grid", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7), ValueError,
+     "row 0 has image tokens at real positions 2..5 but image_grid_thw has only 0 grid"),
+    ("image-token-id-without-grid", lambda: mrope_positions(torch.tensor([[5, 9, 9, 9, 9]]), image_token_id=9), ValueError,
+     "image_grid_thw has only 0 grid"),
+    ("grid-without-image-tokens", lambda: mrope_positions(_IDS7, image_grid_thw=_G44), ValueError,
+     r"image_grid_thw has 1 grid\(s\) but the image tokens use 0"),
+    ("video-tokens-without-grid", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 2, image_grid_thw=_G44),
+     ValueError, "video_grid_thw has only 0 grid"),
+    ("image_grid_thw-float", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=_G44.float()),
+     TypeError, "image_grid_thw must hold integers"),
+    ("image_grid_thw-list", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=[[1, 4, 4]]),
+     TypeError, "image_grid_thw must be an integer torch.Tensor"),
+    ("image_grid_thw-1-d", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=_G44[0]), ValueError,
+     r"image_grid_thw must have shape \(N, 3\)"),
+    ("video_grid_thw-2-columns", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 2, video_grid_thw=_G44[:, 1:]),
+     ValueError, r"video_grid_thw must have shape \(N, 3\)"),
+    ("image_grid_thw-T-0", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=torch.tensor([[0, 4, 4]])),
+     ValueError, r"image_grid_thw\[0\] = \[0, 4, 4\] is not a \(T, H, W\) patch grid"),
+    ("image_grid_thw-not-merge-multiple", lambda: mrope_positions(
+        _IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=torch.tensor([[1, 3, 4]])), ValueError,
+     r"image_grid_thw\[0\] = \[1, 3, 4\] .* spatial_merge_size=2"),
+    ("grid-larger-than-run", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=torch.tensor([[1, 4, 6]])),
+     ValueError, r"the run of 4 image tokens .* does not match image_grid_thw\[0\]"),
+    ("mm_token_type_ids-float", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7.float(), image_grid_thw=_G44),
+     TypeError, "mm_token_type_ids must hold integers"),
+    ("mm_token_type_ids-list", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7.tolist()), TypeError,
+     "mm_token_type_ids must be an integer torch.Tensor"),
+    ("mm_token_type_ids-shape", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7[:, :6], image_grid_thw=_G44),
+     ValueError, r"mm_token_type_ids must have the shape of input_ids \(1, 7\)"),
+    ("mm_token_type_ids-3", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 3), ValueError,
+     r"mm_token_type_ids must be 0 \(text\), 1 \(image\) or 2 \(video\), got 3"),
+    ("mm_token_type_ids-negative", lambda: mrope_positions(_IDS7, mm_token_type_ids=-_TYPES7), ValueError,
+     "mm_token_type_ids must be 0 .* got -1"),
+    ("types-and-token-ids", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=_G44, image_token_id=5),
+     ValueError, "either mm_token_type_ids or image_token_id/video_token_id"),
+    ("image_token_id-float", lambda: mrope_positions(_IDS7, image_token_id=5.0), TypeError, "image_token_id must be an int"),
+    ("video_token_id-bool", lambda: mrope_positions(_IDS7, video_token_id=True), TypeError, "video_token_id must be an int"),
+    ("attention_mask-shape", lambda: mrope_positions(_IDS7, attention_mask=torch.ones(1, 6)), ValueError,
+     r"attention_mask must have the shape of input_ids \(1, 7\)"),
+    ("attention_mask-list", lambda: mrope_positions(_IDS7, attention_mask=[[1] * 7]), ValueError,
+     "attention_mask must have the shape of input_ids"),
+    ("spatial_merge_size-0", lambda: mrope_positions(_IDS7, spatial_merge_size=0), ValueError, "spatial_merge_size must be >= 1"),
+    ("spatial_merge_size-float", lambda: mrope_positions(_IDS7, spatial_merge_size=2.0), TypeError,
+     "spatial_merge_size must be an int"),
+    ("spatial_merge_size-bool", lambda: mrope_positions(_IDS7, spatial_merge_size=True), TypeError,
+     "spatial_merge_size must be an int"),
+    ("tokens_per_second-0", lambda: mrope_positions(_IDS7, tokens_per_second=0), ValueError, "tokens_per_second must be >= 1"),
+    ("tokens_per_second-nan", lambda: mrope_positions(_IDS7, tokens_per_second=NAN), ValueError,
+     "tokens_per_second must be finite"),
+    ("tokens_per_second-negative", lambda: mrope_positions(_IDS7, tokens_per_second=-2.0), ValueError,
+     "tokens_per_second must be > 0"),
+    ("tokens_per_second-str", lambda: mrope_positions(_IDS7, tokens_per_second="2"), TypeError,
+     "tokens_per_second must be a real number"),
+    ("tokens_per_second-bool", lambda: mrope_positions(_IDS7, tokens_per_second=True), TypeError, "tokens_per_second must be"),
+    ("second_per_grid_ts-without-tokens_per_second", lambda: mrope_positions(_IDS7, second_per_grid_ts=[1.0]), ValueError,
+     "second_per_grid_ts .* needs tokens_per_second"),
+    ("second_per_grid_ts-short", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 2, video_grid_thw=_G44,
+                                                           tokens_per_second=2, second_per_grid_ts=[]), ValueError,
+     "second_per_grid_ts has 0 entries for 1 videos"),
+    # the seconds per grid must be checked like the other numbers (today: NaN turns into a garbage position,
+    # a str raises AttributeError and an int a TypeError that names nothing)
+    ("second_per_grid_ts-nan", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 2, video_grid_thw=_G44,
+                                                         tokens_per_second=2, second_per_grid_ts=[NAN]), ValueError,
+     r"second_per_grid_ts\[0\] must be finite"),
+    ("second_per_grid_ts-negative", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 2,
+                                                              video_grid_thw=torch.tensor([[2, 2, 4]]), tokens_per_second=2,
+                                                              second_per_grid_ts=[-1.0]), ValueError,
+     r"second_per_grid_ts\[0\] must be > 0"),
+    ("second_per_grid_ts-str", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 2, video_grid_thw=_G44,
+                                                         tokens_per_second=2, second_per_grid_ts=["1"]), TypeError,
+     r"second_per_grid_ts\[0\] must be a real number"),
+    ("second_per_grid_ts-int", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7 * 2, video_grid_thw=_G44,
+                                                         tokens_per_second=2, second_per_grid_ts=5), TypeError,
+     "second_per_grid_ts must be a sequence"),
+    # the rule reads token types and grids on the host: a meta tensor holds no values (today: NotImplementedError)
+    ("input_ids-meta", lambda: mrope_positions(torch.zeros(1, 7, dtype=torch.long, device=META)), ValueError,
+     "input_ids is on the meta device"),
+    ("mm_token_type_ids-meta", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7.to(META), image_grid_thw=_G44),
+     ValueError, "mm_token_type_ids is on the meta device"),
+    ("image_grid_thw-meta", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7, image_grid_thw=_G44.to(META)),
+     ValueError, "image_grid_thw is on the meta device"),
+    ("attention_mask-meta", lambda: mrope_positions(_IDS7, attention_mask=torch.ones(1, 7, device=META)), ValueError,
+     "attention_mask is on the meta device"),
+]:
+    bad("mrope_positions", _id, _call, _exc, _match)
+
+
+def _mrope_positions_check(want_pos, want_delta, real=None):
+    """Positions (3, B, S) equal ``want_pos`` on the real tokens (``real``: (B, S) bool, default all), deltas (B, 1)."""
+    def check(r):
+        pos, delta = r
+        want = np.asarray(want_pos, dtype=np.int64)
+        assert pos.dtype == torch.int64 and tuple(pos.shape) == want.shape, (pos.dtype, pos.shape)
+        mask = np.ones(want.shape[1:], bool) if real is None else np.asarray(real, bool)
+        np.testing.assert_array_equal(pos.numpy()[:, mask], want[:, mask])
+        close(delta, np.asarray(want_delta, dtype=np.int64).reshape(-1, 1))
+    return check
+
+
+_T7 = [[0, 1, 2, 2, 2, 2, 4], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 2, 3, 4]]   # text, text, 2x2 image, text
+for _id, _call, _want, _delta, _real in [
+    ("text-only", lambda: mrope_positions(torch.zeros(2, 4, dtype=torch.long)), [[list(range(4))] * 2] * 3, [0, 0], None),
+    ("empty-seq", lambda: mrope_positions(torch.zeros(2, 0, dtype=torch.long)), np.zeros((3, 2, 0)), [0, 0], None),
+    ("empty-batch", lambda: mrope_positions(torch.zeros(0, 3, dtype=torch.long)), np.zeros((3, 0, 3)), np.zeros((0, 1)), None),
+    ("all-padding", lambda: mrope_positions(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.zeros(1, 3)),
+     np.zeros((3, 1, 3)), [0], [[False] * 3]),
+    ("left-padding-bool-mask", lambda: mrope_positions(torch.zeros(1, 5, dtype=torch.long), attention_mask=torch.tensor(
+        [[False, False, True, True, True]])), [[[0, 0, 0, 1, 2]]] * 3, [0], [[False, False, True, True, True]]),
+    ("image-uint8-types-int16-grid", lambda: mrope_positions(_IDS7, mm_token_type_ids=_TYPES7.to(torch.uint8),
+                                                               image_grid_thw=_G44.to(torch.int16)),
+     [[row] for row in _T7], [-2], None),
+    ("image-from-token-id", lambda: mrope_positions(torch.tensor([[7, 7, 9, 9, 9, 9, 7]]), image_token_id=9,
+                                                      image_grid_thw=_G44), [[row] for row in _T7], [-2], None),
+    ("image-padded-right", lambda: mrope_positions(torch.zeros(1, 9, dtype=torch.long), mm_token_type_ids=torch.tensor(
+        [[0, 0, 1, 1, 1, 1, 0, 0, 0]]), image_grid_thw=_G44, attention_mask=torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0, 0]])),
+     [[row + [0, 0]] for row in _T7], [-2], [[True] * 7 + [False] * 2]),
+    ("1x1-image-merge-1", lambda: mrope_positions(torch.zeros(1, 3, dtype=torch.long), mm_token_type_ids=torch.tensor(
+        [[1, 0, 0]]), image_grid_thw=torch.tensor([[1, 1, 1]]), spatial_merge_size=1), [[[0, 1, 2]]] * 3, [0], None),
+    ("two-images-in-one-run", lambda: mrope_positions(torch.zeros(1, 3, dtype=torch.long), mm_token_type_ids=torch.tensor(
+        [[1, 1, 0]]), image_grid_thw=torch.tensor([[1, 2, 2], [1, 2, 2]])), [[[0, 1, 2]]] * 3, [0], None),
+    ("grids-numbered-across-batch", lambda: mrope_positions(torch.zeros(2, 2, dtype=torch.long), mm_token_type_ids=torch.tensor(
+        [[1, 0], [0, 1]]), image_grid_thw=torch.tensor([[1, 2, 2], [1, 2, 2]])), [[[0, 1], [0, 1]]] * 3, [0, 0], None),
+    # a video (T, H, W) = (2, 2, 2), merge 2: two tokens at t = p + trunc(k * 2 * 1.5) = p, p + 3; then text at p + 1
+    ("video-tokens_per_second", lambda: mrope_positions(torch.zeros(1, 4, dtype=torch.long), mm_token_type_ids=torch.tensor(
+        [[0, 2, 2, 0]]), video_grid_thw=torch.tensor([[2, 2, 2]]), tokens_per_second=2, second_per_grid_ts=[1.5]),
+     [[[0, 1, 4, 2]], [[0, 1, 1, 2]], [[0, 1, 1, 2]]], [1], None),
+    ("video-qwen2-vl", lambda: mrope_positions(torch.zeros(1, 4, dtype=torch.long), mm_token_type_ids=torch.tensor(
+        [[0, 2, 2, 0]]), video_grid_thw=torch.tensor([[2, 2, 2]])), [[[0, 1, 2, 2]], [[0, 1, 1, 2]], [[0, 1, 1, 2]]], [-1], None),
+]:
+    good("mrope_positions", _id, _call, _mrope_positions_check(_want, _delta, _real))
+good("mrope_positions", "input_ids-on-meta-with-types", lambda: mrope_positions(
+    torch.zeros(1, 7, dtype=torch.long, device=META), mm_token_type_ids=_TYPES7, image_grid_thw=_G44),
+    lambda r: (r[0].is_meta and r[0].shape == (3, 1, 7) and r[1].is_meta) or pytest.fail("not meta results"))
+
+
+# mrope_from_hf, mrope_vision_from_hf
+_QCFG = {"hidden_size": 64, "num_attention_heads": 8, "rope_theta": 1e6,
+         "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}}
+for _id, _cfg, _exc, _match in [
+    ("config-none", None, TypeError, "config must be a transformers PretrainedConfig or a dict"),
+    ("config-list", [("head_dim", 8)], TypeError, "config must be a transformers PretrainedConfig or a dict"),
+    ("no-mrope_section", {"head_dim": 8, "rope_theta": 1e4}, ValueError, "this config has no mrope_section"),
+    ("text_config-not-a-dict", {"text_config": [1]}, ValueError, "this config has no mrope_section"),
+    ("head_dim-missing", {"rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}}, ValueError,
+     "config needs head_dim, or hidden_size and num_attention_heads"),
+    ("num_attention_heads-missing", {"hidden_size": 64, "mrope_section": [2, 1, 1]}, ValueError, "config needs head_dim"),
+    ("hidden_size-str", {"hidden_size": "64", "num_attention_heads": 8, "mrope_section": [2, 1, 1]}, TypeError,
+     "hidden_size must be an int"),
+    ("head_dim-0", {"head_dim": 0, "mrope_section": [0, 0, 0]}, ValueError, "head_dim must be >= 2"),
+    ("mrope_section-sum", {**_QCFG, "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 2]}}, ValueError,
+     r"mrope_section=\[2, 2, 2\] sums to 6"),
+    ("mrope_section-vs-partial", {**_QCFG, "partial_rotary_factor": 0.5}, ValueError, "sums to 4 .* dim=4"),
+    ("mrope_section-str", {**_QCFG, "rope_scaling": {"type": "mrope", "mrope_section": "211"}}, ValueError,
+     "mrope_section must be a sequence of three"),
+    ("mrope_section-float", {**_QCFG, "rope_scaling": {"type": "mrope", "mrope_section": [2.0, 1, 1]}}, TypeError,
+     r"mrope_section\[0\] must be an int"),
+    ("mrope_interleaved-str", {**_QCFG, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1], "mrope_interleaved": "yes"}},
+     ValueError, "mrope_interleaved must be true or false"),
+    ("rope_theta-nan", {**_QCFG, "rope_theta": NAN}, ValueError, "rope_theta must be finite"),
+    ("rope_theta-0", {**_QCFG, "rope_theta": 0}, ValueError, "rope_theta must be > 0"),
+    ("rope_theta-str", {**_QCFG, "rope_theta": "1e6"}, TypeError, "rope_theta must be a real number"),
+    ("rope_type-unknown", {**_QCFG, "rope_scaling": {"type": "mrope2", "mrope_section": [2, 1, 1]}}, ValueError,
+     "unknown rope scaling type 'mrope2'"),
+    ("rope_scaling-list", {**_QCFG, "rope_scaling": [1]}, ValueError, "rope_scaling/rope_parameters must be a dict"),
+    ("linear-factor-missing", {**_QCFG, "rope_scaling": {"type": "linear", "mrope_section": [2, 1, 1]}}, ValueError,
+     "rope scaling 'linear' needs 'factor'"),
+]:
+    bad("mrope_from_hf", _id, lambda c=_cfg: mrope_from_hf(c), _exc, _match)
+for _id, _cfg, _want in [
+    ("transformers-4", _QCFG, (1e6, 8, None, (2, 1, 1), False)),
+    ("text_config", {"model_type": "qwen2_vl", "text_config": _QCFG}, (1e6, 8, None, (2, 1, 1), False)),
+    ("transformers-5-interleaved", {"head_dim": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5,
+                                                                       "mrope_section": [2, 1, 1], "mrope_interleaved": True}},
+     (5e5, 8, None, (2, 1, 1), True)),
+    ("top-level-section-zero-counts", {"head_dim": 8, "mrope_section": [4, 0, 0]}, (1e4, 8, None, (4, 0, 0), False)),
+    ("linear-beside-sections", {"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 2, "mrope_section": (1, 2, 1)}},
+     (1e4, 8, LinearScaling(2.0), (1, 2, 1), False)),
+]:
+    good("mrope_from_hf", _id, lambda c=_cfg: mrope_from_hf(c),
+         lambda got, w=_want: (got == w and type(got[0]) is float) or pytest.fail(f"{got} != {w}"))
+
+
+class _ConfigObject:
+    """A stand-in for a PretrainedConfig: read through ``to_dict()``."""
+
+    def __init__(self, **kw):
+        self._kw = kw
+
+    def to_dict(self):
+        return dict(self._kw)
+
+
+for _id, _cfg, _exc, _match in [
+    ("config-none", None, TypeError, "config must be a transformers PretrainedConfig or a dict"),
+    ("qwen3_vl", {"model_type": "qwen3_vl"}, ValueError, "model_type='qwen3_vl' places video frames with timestamps"),
+    ("spatial_merge_size-0", {"vision_config": {"spatial_merge_size": 0}}, ValueError, "spatial_merge_size must be >= 1"),
+    ("spatial_merge_size-float", {"vision_config": {"spatial_merge_size": 2.0}}, TypeError, "spatial_merge_size must be an int"),
+    ("spatial_merge_size-null", {"vision_config": {"spatial_merge_size": None}}, TypeError, "spatial_merge_size must be an int"),
+    ("tokens_per_second-0", {"vision_config": {"tokens_per_second": 0}}, ValueError, "tokens_per_second must be >= 1"),
+    ("tokens_per_second-nan", {"vision_config": {"tokens_per_second": NAN}}, ValueError, "tokens_per_second must be finite"),
+    ("tokens_per_second-str", {"vision_config": {"tokens_per_second": "2"}}, TypeError, "tokens_per_second must be a real number"),
+    ("tokens_per_second-bool", {"vision_config": {"tokens_per_second": True}}, TypeError, "tokens_per_second must be a real"),
+    # the message must name vision_config, not the config itself
+    ("vision_config-list", {"vision_config": [1]}, TypeError, "vision_config must be"),
+]:
+    bad("mrope_vision_from_hf", _id, lambda c=_cfg: mrope_vision_from_hf(c), _exc, _match)
+for _id, _cfg, _want in [
+    ("empty", {}, {"spatial_merge_size": 2, "tokens_per_second": None}),
+    ("model_type-unhashable", {"model_type": ["qwen3_vl"]}, {"spatial_merge_size": 2, "tokens_per_second": None}),
+    ("tokens_per_second-top-level", {"tokens_per_second": 4}, {"spatial_merge_size": 2, "tokens_per_second": 4}),
+    ("tokens_per_second-float", {"vision_config": {"spatial_merge_size": 1, "tokens_per_second": 2.5}},
+     {"spatial_merge_size": 1, "tokens_per_second": 2.5}),
+    ("config-object", _ConfigObject(vision_config=_ConfigObject(spatial_merge_size=4, tokens_per_second=2)),
+     {"spatial_merge_size": 4, "tokens_per_second": 2}),
+]:
+    good("mrope_vision_from_hf", _id, lambda c=_cfg: mrope_vision_from_hf(c),
+         lambda got, w=_want: (got == w) or pytest.fail(f"{got} != {w}"))
+
+
+# resize_position_embedding: an independent recipe, reshape + torch.nn.functional.interpolate(align_corners=False)
+def ref_resize_2d(table: torch.Tensor, new, old, prefix: int, mode: str = "bicubic", antialias: bool = True) -> torch.Tensor:
+    t = table.reshape(-1, table.shape[-1])                                     # (N, C)
+    work = torch.float64 if t.dtype == torch.float64 else torch.float32
+    grid = t[prefix:].to(work).T.reshape(1, -1, *old)                          # (1, C, H, W)
+    kw = {"align_corners": False} if mode in ("bicubic", "bilinear") else {}
+    out = torch.nn.functional.interpolate(grid, size=new, mode=mode, antialias=antialias, **kw)
+    out = out.reshape(t.shape[1], -1).T.to(t.dtype)                            # (H' * W', C)
+    return torch.cat([t[:prefix], out]).reshape(*table.shape[:-2], -1, table.shape[-1])
+
+
+def ref_linear_1d(values: np.ndarray, new: int) -> np.ndarray:
+    """Linear resampling (align_corners=False) of ``values (N, C)`` to ``new`` rows, from the formula."""
+    n = values.shape[0]
+    src = np.clip((np.arange(new) + 0.5) * n / new - 0.5, 0, n - 1)
+    lo = np.floor(src).astype(int)
+    hi = np.minimum(lo + 1, n - 1)
+    frac = (src - lo)[:, None]
+    return values[lo] * (1 - frac) + values[hi] * frac
+
+
+_TAB = rand(1 + 4, 3, seed=41)                                                      # class token + a 2x2 grid
+for _id, _call, _exc, _match in [
+    ("table-list", lambda: resize_position_embedding([[0.0] * 3] * 5, (3, 3)), TypeError, "table must be a torch.Tensor"),
+    ("table-int", lambda: resize_position_embedding(torch.zeros(5, 3, dtype=torch.long), (3, 3)), TypeError,
+     "table must be a floating tensor"),
+    ("table-1-d", lambda: resize_position_embedding(torch.zeros(5), 2), ValueError, r"table must have shape \(N, C\)"),
+    ("table-0-d", lambda: resize_position_embedding(torch.tensor(1.0), 2), ValueError, r"table must have shape \(N, C\)"),
+    ("table-batch-of-tables", lambda: resize_position_embedding(torch.zeros(2, 5, 3), (3, 3)), ValueError,
+     r"table must have shape \(N, C\) or \(1, N, C\)"),
+    ("new_size-0", lambda: resize_position_embedding(_TAB, 0), ValueError, "new_size must be >= 1"),
+    ("new_size-negative", lambda: resize_position_embedding(_TAB, -1), ValueError, "new_size must be >= 1"),
+    ("new_size-float", lambda: resize_position_embedding(_TAB, 2.0), TypeError, "new_size must be an int .* or a pair"),
+    ("new_size-nan", lambda: resize_position_embedding(_TAB, NAN), TypeError, "new_size must be an int .* or a pair"),
+    ("new_size-bool", lambda: resize_position_embedding(_TAB, True), TypeError, "new_size must be an int .* or a pair"),
+    ("new_size-str", lambda: resize_position_embedding(_TAB, "3"), TypeError, "new_size must be an int .* or a pair"),
+    ("new_size-tensor", lambda: resize_position_embedding(_TAB, torch.tensor(3)), TypeError, "new_size must be an int"),
+    ("new_size-triple", lambda: resize_position_embedding(_TAB, (2, 2, 2)), TypeError, "new_size must be an int .* or a pair"),
+    ("new_size-pair-0", lambda: resize_position_embedding(_TAB, (0, 2)), ValueError, r"new_size\[0\] must be >= 1"),
+    ("new_size-pair-float", lambda: resize_position_embedding(_TAB, (3, 3.0)), TypeError, r"new_size\[1\] must be an int"),
+    ("old_size-mismatch-1-d", lambda: resize_position_embedding(_TAB, 8, old_size=3), ValueError,
+     "old_size=3 does not match the table: N=5 rows minus prefix_tokens=1 leaves 4"),
+    ("old_size-0-1-d", lambda: resize_position_embedding(_TAB, 8, old_size=0), ValueError, "old_size must be >= 1"),
+    ("old_size-pair-for-1-d", lambda: resize_position_embedding(_TAB, 8, old_size=(2, 2)), TypeError,
+     "old_size must be an int like new_size=8"),
+    ("old_size-float-1-d", lambda: resize_position_embedding(_TAB, 8, old_size=4.0), TypeError, "old_size must be an int"),
+    ("old_size-int-for-2-d", lambda: resize_position_embedding(_TAB, (3, 3), old_size=4), TypeError,
+     r"old_size must be a pair \(H, W\)"),
+    ("old_size-mismatch-2-d", lambda: resize_position_embedding(_TAB, (3, 3), old_size=(1, 3)), ValueError,
+     r"old_size=\(1, 3\) holds 3 positions but the table has 4 grid rows"),
+    ("old_size-pair-0", lambda: resize_position_embedding(_TAB, (3, 3), old_size=(0, 4)), ValueError, r"old_size\[0\] must be >= 1"),
+    ("not-a-square", lambda: resize_position_embedding(torch.zeros(7, 3), (3, 3)), ValueError,
+     r"6 rows .* not a square; pass old_size=\(H, W\)"),
+    ("prefix_tokens-negative", lambda: resize_position_embedding(_TAB, 2, prefix_tokens=-1), ValueError,
+     "prefix_tokens must be >= 0"),
+    ("prefix_tokens-float", lambda: resize_position_embedding(_TAB, 2, prefix_tokens=1.0), TypeError,
+     "prefix_tokens must be an int"),
+    ("prefix_tokens-whole-table", lambda: resize_position_embedding(_TAB, 2, prefix_tokens=5), ValueError,
+     "prefix_tokens=5 leaves no grid rows in a table of N=5 rows"),
+    ("mode-unknown", lambda: resize_position_embedding(_TAB, 2, mode="lanczos"), ValueError, "mode must be one of"),
+    ("mode-int", lambda: resize_position_embedding(_TAB, 2, mode=3), ValueError, "mode must be one of"),
+    ("mode-2-d-for-1-d", lambda: resize_position_embedding(_TAB, 2, mode="bicubic"), ValueError,
+     "mode='bicubic' is not a mode of a 1-D table"),
+    ("mode-1-d-for-2-d", lambda: resize_position_embedding(_TAB, (3, 3), mode="linear"), ValueError,
+     "mode='linear' is not a mode of a 2-D grid"),
+    ("antialias-nearest", lambda: resize_position_embedding(_TAB, (3, 3), mode="nearest"), ValueError,
+     "antialias=True applies to the cubic and linear modes only"),
+    ("antialias-int", lambda: resize_position_embedding(_TAB, 2, antialias=1), TypeError, "antialias must be a bool"),
+]:
+    bad("resize_position_embedding", _id, _call, _exc, _match)
+
+
+def _resize_good(case_id, make, run, want, atol=1e-6, exact_dtype=True):
+    def thunk():
+        t = make()
+        return run(t), t
+
+    def check(r):
+        out, t = r
+        w = want(t)
+        assert out.dtype == t.dtype and tuple(out.shape) == tuple(w.shape), (out.dtype, out.shape, w.shape)
+        if exact_dtype and t.dtype in (torch.bfloat16, torch.float16):
+            assert torch.equal(out, w), "a half table is resized in float32 and rounded once"
+        close(out, arr(w), atol=atol, rtol=max(atol, 1e-6))
+    good("resize_position_embedding", case_id, thunk, check)
+
+
+for _id, _make, _run, _want, _atol in [
+    ("2-d-upsample", lambda: rand(1 + 4, 3, seed=42), lambda t: resize_position_embedding(t, (3, 5)),
+     lambda t: ref_resize_2d(t, (3, 5), (2, 2), 1), 1e-6),
+    ("2-d-downsample-antialias", lambda: rand(1, 2 + 16, 4, seed=43), lambda t: resize_position_embedding(t, (3, 2), prefix_tokens=2),
+     lambda t: ref_resize_2d(t, (3, 2), (4, 4), 2), 1e-6),
+    ("2-d-non-square-old_size", lambda: rand(6, 2, seed=44), lambda t: resize_position_embedding(
+        t, (4, 6), old_size=(2, 3), prefix_tokens=0, mode="bilinear"), lambda t: ref_resize_2d(t, (4, 6), (2, 3), 0, "bilinear"), 1e-6),
+    ("2-d-1x1-grid", lambda: rand(2, 3, seed=45), lambda t: resize_position_embedding(t, (3, 3), mode="nearest", antialias=False),
+     lambda t: torch.cat([t[:1], t[1:].expand(9, 3)]), 0),
+    ("2-d-to-1x1-area", lambda: rand(1 + 4, 3, seed=46), lambda t: resize_position_embedding(t, (1, 1), mode="area",
+                                                                                                antialias=False),
+     lambda t: torch.cat([t[:1], t[1:].mean(0, keepdim=True)]), 1e-6),
+    ("2-d-bfloat16", lambda: rand(1 + 9, 4, seed=47, dtype=torch.bfloat16), lambda t: resize_position_embedding(t, (5, 4)),
+     lambda t: ref_resize_2d(t, (5, 4), (3, 3), 1), 0),
+    ("2-d-float64", lambda: rand(1 + 9, 4, seed=48, dtype=torch.float64), lambda t: resize_position_embedding(t, (2, 5)),
+     lambda t: ref_resize_2d(t, (2, 5), (3, 3), 1), 1e-12),
+    ("2-d-non-contiguous", lambda: rand(3, 1 + 4, seed=49).T, lambda t: resize_position_embedding(t, (3, 3)),
+     lambda t: ref_resize_2d(t.contiguous(), (3, 3), (2, 2), 1), 1e-6),
+    ("1-d-linear-prefix", lambda: rand(2 + 4, 3, seed=50), lambda t: resize_position_embedding(
+        t, 7, prefix_tokens=2, mode="linear", antialias=False),
+     lambda t: torch.cat([t[:2], torch.tensor(ref_linear_1d(arr(t[2:]), 7), dtype=t.dtype)]), 1e-6),
+    ("1-d-nearest-one-row", lambda: rand(1, 3, seed=51), lambda t: resize_position_embedding(
+        t, 4, prefix_tokens=0, mode="nearest", antialias=False), lambda t: t.expand(4, 3), 0),
+    ("1-d-rank-3", lambda: rand(1, 1 + 3, 2, seed=52), lambda t: resize_position_embedding(t, 6, mode="linear", antialias=False),
+     lambda t: torch.cat([t[:, :1], torch.tensor(ref_linear_1d(arr(t[0, 1:]), 6), dtype=t.dtype)[None]], 1), 1e-6),
+    ("nan-stays-in-its-rows", lambda: torch.tensor([[NAN, 1.0], [0.0, 2.0], [1.0, 4.0]]), lambda t: resize_position_embedding(
+        t, 4, prefix_tokens=1, mode="nearest", antialias=False), lambda t: t[[0, 1, 1, 2, 2]], 0),
+    # a table without features resizes to a table without features (today: a RuntimeError from interpolate)
+    ("no-channels", lambda: torch.zeros(1 + 4, 0), lambda t: resize_position_embedding(t, (3, 3)),
+     lambda t: torch.zeros(1 + 9, 0), 0),
+]:
+    _resize_good(_id, _make, _run, _want, _atol)
+good("resize_position_embedding", "same-size-is-the-table", lambda: (lambda t: (resize_position_embedding(t, (2, 2)), t))(_TAB),
+     lambda r: (r[0] is r[1]) or pytest.fail("a resize to the same grid returns the table itself"))
+good("resize_position_embedding", "same-size-1-d", lambda: (lambda t: (resize_position_embedding(t, 4, old_size=4), t))(_TAB),
+     lambda r: (r[0] is r[1]) or pytest.fail("a resize to the same length returns the table itself"))
+good("resize_position_embedding", "meta", lambda: resize_position_embedding(torch.zeros(1, 1 + 4, 3, device=META), (3, 2)),
+     _is_meta((1, 7, 3)))
 
 
 # ---- the walk ---------------------------------------------------------------------------------------

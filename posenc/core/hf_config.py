@@ -312,6 +312,8 @@ def mrope_vision_from_hf(config: object) -> dict[str, Any]:
         )
     vision = config.get("vision_config")
     if vision is not None and not isinstance(vision, Mapping):
+        if not callable(getattr(vision, "to_dict", None)):
+            raise TypeError(f"vision_config must be a dict or a PretrainedConfig, got {type(vision).__name__}")
         vision = config_dict(vision)
     vision = vision or {}
     merge = _validate.check_int("spatial_merge_size", vision.get("spatial_merge_size", 2), minimum=1)

@@ -164,7 +164,14 @@ def axis_sin_cos(grid_shape, dim, base, base_size, interpolation_scale) -> list[
     scales = position_scales(grid_shape, base_size, interpolation_scale)
     out = []
     for n, width, scale in zip(grid_shape, widths, scales, strict=True):
-        split = exact.turns_split(axis_frequencies(width, base, scale))       # (4, width)
+        try:
+            split = exact.turns_split(axis_frequencies(width, base, scale))   # (4, width)
+        except ValueError as err:                                     # name the arguments that set the scale
+            raise ValueError(
+                f"{err}; here the positions are i * base_size / (n * interpolation_scale) with base={base:g}, "
+                f"base_size={base_size}, interpolation_scale={interpolation_scale}: raise interpolation_scale or "
+                f"lower base_size"
+            ) from None
         out.append(exact.sin_cos(np.arange(n, dtype=np.float64), split))       # 2 x (n, width)
     return out
 

@@ -15,7 +15,13 @@ import torch
 
 from posenc import _validate
 from posenc._torch.angles import exact_cos_sin
-from posenc._torch.checks import check_float_dtype, check_position_range, check_positions
+from posenc._torch.checks import (
+    check_float_dtype,
+    check_float_tensor,
+    check_inplace,
+    check_position_range,
+    check_positions,
+)
 from posenc.core import axial as core_axial
 from posenc.core import exact as core_exact
 from posenc.core.rope import ROPE_LAYOUTS
@@ -164,6 +170,9 @@ def apply_axial_rope(
         tensor([[1.0000, 0.0000, 0.5403, 0.8415]])
     """
     _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if check_float_tensor(name, t).dim() == 0:
+            raise ValueError(f"{name} must have a feature axis (..., {'D' if name == 'x' else 'dim/2'}), got a 0-d tensor")
     if layout == "interleaved":
         if axes_dims is not None and 2 * cos.shape[-1] != sum(core_axial.check_axes_dims(axes_dims)):
             raise ValueError(f"cos has {cos.shape[-1]} pairs but axes_dims={tuple(axes_dims)} has {sum(axes_dims) // 2}")
@@ -171,14 +180,14 @@ def apply_axial_rope(
     if axes_dims is None:
         raise ValueError("layout='half' pairs features inside each axis block: pass axes_dims=")
     dims = core_axial.check_axes_dims(axes_dims)
-    if not isinstance(x, torch.Tensor) or not isinstance(cos, torch.Tensor):
-        raise TypeError("x, cos and sin must be torch tensors")
     if 2 * cos.shape[-1] != sum(dims):
         raise ValueError(f"cos has {cos.shape[-1]} pairs but axes_dims={dims} has {sum(dims) // 2}")
     if sum(dims) > x.shape[-1]:
         raise ValueError(f"sum(axes_dims) = {sum(dims)} exceeds x's feature dim {x.shape[-1]}")
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
+    if inplace:
+        check_inplace("x", x)
     perm, inverse = half_index(dims, x.shape[-1], x.device)
     rotated = apply_rope(x.index_select(-1, perm), cos, sin, layout="half", backend=backend).index_select(-1, inverse)
     return x.copy_(rotated) if inplace else rotated

@@ -114,7 +114,34 @@ def _int_matrix(name: str, value: object, columns: int | None, device) -> list[l
     if value.dim() != 2 or (columns is not None and value.shape[1] != columns):
         shape = "(B, S)" if columns is None else f"(N, {columns})"
         raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
+    _not_meta(name, value)
     return value.long().cpu().tolist()
+
+
+def _not_meta(name: str, value: torch.Tensor) -> None:
+    """The positions are computed from these values on the host: a meta tensor holds none."""
+    if value.is_meta:
+        raise ValueError(f"{name} is on the meta device, which holds no values; pass it on a real device")
+
+
+def _seconds(value: object, videos: int) -> list[float]:
+    """``second_per_grid_ts`` checked: one positive, finite number of seconds per video."""
+    if isinstance(value, torch.Tensor):
+        _not_meta("second_per_grid_ts", value)
+        if value.dim() != 1:
+            raise ValueError(f"second_per_grid_ts must be 1-D (one entry per video), got shape {tuple(value.shape)}")
+        items = value.detach().cpu().tolist()
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise TypeError(
+            f"second_per_grid_ts must be a sequence or a 1-D tensor of seconds, one per video, got {type(value).__name__}"
+        )
+    if len(items) < videos:
+        raise ValueError(f"second_per_grid_ts has {len(items)} entries for {videos} videos; pass one per video")
+    for i, v in enumerate(items):
+        _validate.check_float(f"second_per_grid_ts[{i}]", v, positive=True)
+    return items
 
 
 def _grid_tokens(name: str, index: int, grid: list[int], merge: int) -> tuple[int, int, int]:
@@ -218,6 +245,7 @@ def mrope_positions(
         )
 
     if mm_token_type_ids is None:
+        _not_meta("input_ids", input_ids)                                      # the token types come from it
         types = torch.zeros(batch, length, dtype=torch.long, device=device)
         for tid, value, name in ((image_token_id, _IMAGE, "image_token_id"), (video_token_id, _VIDEO, "video_token_id")):
             if tid is not None:
@@ -236,15 +264,15 @@ def mrope_positions(
         if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (batch, length):
             raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
                              f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+        _not_meta("attention_mask", attention_mask)
         mask_rows = (attention_mask != 0).cpu().tolist()
     grids = {
         _IMAGE: [] if image_grid_thw is None else _int_matrix("image_grid_thw", image_grid_thw, 3, device),
         _VIDEO: [] if video_grid_thw is None else _int_matrix("video_grid_thw", video_grid_thw, 3, device),
     }
     names = {_IMAGE: ("image", "image_grid_thw"), _VIDEO: ("video", "video_grid_thw")}
-    if second_per_grid_ts is not None and len(second_per_grid_ts) < len(grids[_VIDEO]):
-        raise ValueError(f"second_per_grid_ts has {len(second_per_grid_ts)} entries for "
-                         f"{len(grids[_VIDEO])} videos; pass one per video")
+    if second_per_grid_ts is not None:
+        _seconds(second_per_grid_ts, len(grids[_VIDEO]))                       # checked; used as given below
     if isinstance(second_per_grid_ts, torch.Tensor):
         second_per_grid_ts = second_per_grid_ts.detach().cpu()                # read on the host, like the grids
     used = {_IMAGE: 0, _VIDEO: 0}

@@ -177,6 +177,11 @@ def resize_position_embedding(
     if old == new and not torch.compiler.is_compiling():
         return table                                                 # nothing to resample (as timm)
     (h, w), (new_h, new_w) = old, new
+    if channels == 0:                                                # nothing to interpolate: an empty grid
+        grid = table.new_empty(new_h * new_w, 0)
+        if table.dim() == 3:
+            grid = grid.unsqueeze(0)
+        return torch.cat([table[..., :prefix, :], grid], dim=-2)
     with _no_autocast(table.device):
         grid = table[..., prefix:, :].to(working_dtype(table.dtype))            # (..., H * W, C)
         grid = grid.reshape(1, h, w, channels).permute(0, 3, 1, 2)               # (1, C, H, W)

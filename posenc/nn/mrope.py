@@ -110,6 +110,11 @@ class MultimodalRotaryEmbedding(TableModule):
         plan = core_mrope.mrope_axis_plan(self.dim, mrope_section, interleaved=mrope_interleaved)
         self.mrope_section = core_mrope.check_mrope_section(mrope_section, self.dim)
         self.mrope_interleaved = mrope_interleaved
+        if scaling is not None and not isinstance(scaling, core_rope.RopeScaling):
+            raise TypeError(
+                f"scaling must be None or a posenc scaling rule (LinearScaling, NTKScaling, YarnScaling, "
+                f"Llama3Scaling), got {scaling!r}"
+            )
         if scaling is not None and scaling.length_dependent:
             raise ValueError(
                 f"MultimodalRotaryEmbedding takes scaling rules whose frequencies do not depend on the sequence "
@@ -215,7 +220,9 @@ class MultimodalRotaryEmbedding(TableModule):
             per_slot = positions.movedim(0, -1).index_select(-1, self.slot_axis)     # (..., h): p_a(j)
             flat = per_slot.long() * h + torch.arange(h, device=positions.device)      # row-major table index
             try:
-                return torch.take(self.cos_table, flat), torch.take(self.sin_table, flat)
+                # (embedding rejects negative indices, which torch.take would wrap to the table's end)
+                return (torch.embedding(self.cos_table.view(-1, 1), flat).squeeze(-1),
+                        torch.embedding(self.sin_table.view(-1, 1), flat).squeeze(-1))
             except (IndexError, RuntimeError):                                         # a broken promise
                 raise ValueError(
                     f"positions must lie in [0, {self.max_seq_len}) for the tables (they were promised to with "
