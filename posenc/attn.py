@@ -238,7 +238,7 @@ def attention(
             (:class:`~posenc.SinusoidalEncoding`, :class:`~posenc.LearnedPositionalEmbedding`)
             belong on the embeddings and raise ``TypeError`` here.
         positions: query positions ``(S,)`` or ``(B, S)``; for an encoding with ``position_axes = n``
-            (:class:`~posenc.nn.axial_rotary.AxialRotaryEmbedding`) per-axis coordinates ``(S, n)`` or
+            (:class:`~posenc.AxialRotaryEmbedding`, :class:`~posenc.MultimodalRotaryEmbedding`) per-axis coordinates ``(S, n)`` or
             ``(B, S, n)``, required, with ``key_positions`` defaulting to them; ``causal`` and
             ``segment_ids`` then follow the token order (queries are the last ``S`` keys, positions
             restart in every segment), as with the defaults below.  Default: restart at 0 in every segment

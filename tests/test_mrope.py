@@ -3,7 +3,10 @@ rule, transformers' own rotary classes, ``get_rope_index`` and whole tiny models
 built from configs: no downloads)."""
 
 import math
+import os
 import warnings
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before Triton decorates the kernel (as test_triton_rope)
 
 import numpy as np
 import pytest
@@ -553,3 +556,39 @@ def test_patch_text_model_alone(family):
         got = model(input_ids=ids, position_ids=pos).last_hidden_state
         unpatch_model(model)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+# ---- posenc.attention and the Triton engine ---------------------------------------------------------
+
+
+def test_attention_takes_per_axis_positions_axes_last():
+    """posenc.attention rotates with the (t, h, w) coordinates, axes last, and masks by token order."""
+    from posenc.attn import attention
+
+    m = MultimodalRotaryEmbedding(8, [1, 1, 2])
+    ids = torch.tensor([[5, 6, 9, 9, 9, 9, 7]])
+    types = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])
+    pos, _ = mrope_positions(ids, mm_token_type_ids=types, image_grid_thw=torch.tensor([[1, 4, 4]]))   # (3, 1, 7)
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    qr, kr = (torch.from_numpy(oracle_rotate(t.numpy(), pos.numpy(), 8, [1, 1, 2], 10000.0)).float() for t in (q, k))
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    want = torch.nn.functional.scaled_dot_product_attention(qr, kr, v, attn_mask=causal)
+    with torch.no_grad():
+        got = attention(q, k, v, encoding=m, positions=pos.movedim(0, -1), causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match=r"\(7, 3\)"):
+        attention(q, k, v, encoding=m, positions=pos[:, 0])                                # axes first: refused
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_triton_engine_matches_torch_engine(batched):
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernel runs on CPU tensors under TRITON_INTERPRET=1 only")
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 40, (3, 2, 5) if batched else (3, 5), generator=gen)
+    q, k = torch.randn(2, 3, 5, 12, generator=gen), torch.randn(2, 1, 5, 12, generator=gen)   # partial rotary
+    mt = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, backend="triton")
+    mr = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, backend="torch")
+    for a, b in zip(mt(q, k, positions=pos), mr(q, k, positions=pos), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -320,6 +320,27 @@ class MultimodalRotaryEmbedding(TableModule):
         why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
         return rope_engine(resolve_rope_backend(self.backend, q, why))
 
+    # ---- what posenc.attention asks of an encoding ------------------------------------------------
+
+    #: posenc.attention passes per-axis coordinates, axes last: ``(S, 3)`` or ``(B, S, 3)``
+    position_axes = 3
+
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+        """Rotate queries at ``positions (..., S, 3)`` and keys at ``key_positions`` (axes t, h, w last,
+        as ``posenc.attention`` passes per-axis coordinates: ``mrope_positions(...)[0].movedim(0, -1)``)."""
+        q = self(q, positions=positions.movedim(-1, 0), assume_in_table=assume_in_table)[0]
+        if k is None:
+            return q, None
+        return q, self(k, positions=key_positions.movedim(-1, 0), assume_in_table=assume_in_table)[0]
+
+    def attention_bias(self, positions, key_positions, *, num_heads, dtype):
+        """Rotary embeddings add no bias."""
+        return None
+
+    def attention_score_mod(self, positions, key_positions, *, num_heads):
+        """Rotary embeddings modify no score."""
+        return None
+
     def extra_repr(self) -> str:
         parts = [f"{self.dim}", f"mrope_section={list(self.mrope_section)}", f"max_seq_len={self.max_seq_len}",
                  f"base={self.base:g}", f"layout={self.layout!r}"]
