@@ -24,6 +24,11 @@ Peers, when installed:
                           build of torch here; its RoPE module does not, and is loaded on its own
   rotary-embedding-torch  apply_rotary_emb with axial frequencies (``get_axial_freqs``)
   diffusers               FLUX's FluxPosEmbed (cos, sin) + apply_rotary_emb
+
+A third case, qwen2vl, times multimodal RoPE on Qwen2-VL-7B's attention shapes (28 query heads, 4 key
+heads, head dim 128, mrope_section (16, 24, 24)) for a prompt of 50 text tokens, four 448 x 448 images
+(1024 tokens) and 50 text tokens: posenc from the (3, B, S) positions against transformers'
+apply_rotary_pos_emb with the cos/sin of Qwen2VLRotaryEmbedding given, and with them rebuilt per call.
 """
 
 from __future__ import annotations
@@ -200,17 +205,87 @@ def run(case: str, dtype: torch.dtype, repeats: int) -> None:
         print(f"| {label} | {ratio_cell(t, lim)} | {ms(t)} | {err:.1e} |")
 
 
+# ---- multimodal RoPE (Qwen2-VL) -------------------------------------------------------------------
+
+#: 50 text tokens, four 448 x 448 images (32 x 32 patches, merged 2 x 2: 256 tokens each), 50 text tokens
+MROPE_IMAGES, MROPE_TEXT, MROPE_SECTION = 4, 50, (16, 24, 24)
+
+
+def mrope_prompt() -> tuple[torch.Tensor, torch.Tensor]:
+    """``(3, 1, S)`` positions of the prompt (posenc.mrope_positions) and the float64 angles ``(S, 64)``."""
+    kinds = torch.tensor([[0] * MROPE_TEXT + [1] * (256 * MROPE_IMAGES) + [0] * MROPE_TEXT])
+    grids = torch.tensor([[1, 32, 32]] * MROPE_IMAGES)
+    positions, _ = posenc.mrope_positions(torch.zeros_like(kinds), mm_token_type_ids=kinds, image_grid_thw=grids)
+    axis = torch.repeat_interleave(torch.arange(3), torch.tensor(MROPE_SECTION))          # slot -> t, h, w
+    theta = 10000.0 ** (-torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    angles = positions[:, 0].double()[axis].T * theta                                       # (S, 64)
+    return positions, angles
+
+
+def run_mrope(dtype: torch.dtype, repeats: int) -> None:
+    """Qwen2-VL-7B's attention: 28 query heads, 4 key heads, head dim 128, (B, H, S, D), half layout."""
+    positions, angles = mrope_prompt()
+    S = positions.shape[-1]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 28, S, 128, generator=gen).to(dtype)
+    k = torch.randn(1, 4, S, 128, generator=gen).to(dtype)
+    q_buf, k_buf = torch.empty_like(q), torch.empty_like(k)
+    c, s = angles.cos(), angles.sin()
+    x = q.double()
+    want = torch.cat([x[..., :64] * c - x[..., 64:] * s, x[..., 64:] * c + x[..., :64] * s], -1)
+
+    def limit():
+        q_buf.copy_(q)
+        k_buf.copy_(k)
+
+    mrope = posenc.MultimodalRotaryEmbedding(128, list(MROPE_SECTION))
+    impls = [("posenc MultimodalRotaryEmbedding(q, k, positions=)", lambda: mrope(q, k, positions=positions)),
+             ("posenc, in place", lambda: mrope(qw, kw, positions=positions, inplace=True))]
+    qw, kw = q.clone(), k.clone()
+    errors = [(mrope(q, k, positions=positions)[0].double() - want).abs().max().item()] * 2
+    if importlib.util.find_spec("transformers"):
+        from transformers import Qwen2VLConfig
+        from transformers.models.qwen2_vl import modeling_qwen2_vl as hf
+
+        cfg = Qwen2VLConfig(hidden_size=28 * 128, num_attention_heads=28, num_key_value_heads=4,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "mrope_section": list(MROPE_SECTION)}).get_text_config()
+        cos, sin = hf.Qwen2VLRotaryEmbedding(cfg)(q, positions)          # once per forward, shared by the layers
+        impls.append(("transformers apply_rotary_pos_emb (cos/sin given)",
+                      lambda: hf.apply_rotary_pos_emb(q, k, cos, sin)))
+        errors.append((hf.apply_rotary_pos_emb(q, k, cos, sin)[0].double() - want).abs().max().item())
+        rotary = hf.Qwen2VLRotaryEmbedding(cfg)
+        impls.append(("transformers Qwen2VLRotaryEmbedding + apply_rotary_pos_emb",
+                      lambda: hf.apply_rotary_pos_emb(q, k, *rotary(q, positions))))
+        errors.append(errors[-1])
+    lim, times = [], [[] for _ in impls]
+    for _ in range(repeats):
+        lim.append(median_seconds(limit))
+        for t, (_, fn) in zip(times, impls, strict=True):
+            t.append(median_seconds(fn))
+    print(f"\nqwen2vl: q (1, 28, {S}, 128), k (1, 4, {S}, 128) {str(dtype).removeprefix('torch.')}, "
+          f"mrope_section {MROPE_SECTION}")
+    print("| implementation | x copy of q, k (min-max) | ms | max error of q vs float64 |")
+    print("|---|---|---|---|")
+    print(f"| copy q and k (the limit) | 1.00x | {ms(lim)} | - |")
+    for (label, _), t, err in zip(impls, times, errors, strict=True):
+        print(f"| {label} | {ratio_cell(t, lim)} | {ms(t)} | {err:.1e} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--case", nargs="+", choices=sorted(CASES), default=["vit", "flux"])
+    ap.add_argument("--case", nargs="+", choices=[*sorted(CASES), "qwen2vl"], default=["vit", "flux", "qwen2vl"])
     ap.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, inference_mode; tables built outside the timing")
     for case in args.case:
         for dtype in args.dtype:
-            run(case, getattr(torch, dtype), args.repeats)
+            if case == "qwen2vl":
+                run_mrope(getattr(torch, dtype), args.repeats)
+            else:
+                run(case, getattr(torch, dtype), args.repeats)
 
 
 if __name__ == "__main__":
