@@ -42,6 +42,16 @@ def _pow(x: decimal.Decimal, y: decimal.Decimal) -> decimal.Decimal:
         return (y * x.ln()).exp()
 
 
+def check_rotary_args(dim: object, max_seq_len: object, base: object, layout: object) -> tuple[int, int, float, str]:
+    """The arguments every rotary table shares, checked: an even rotary ``dim``, ``max_seq_len >= 1``
+    rows, a positive finite ``base`` and a pair ``layout`` of :data:`ROPE_LAYOUTS`."""
+    dim = _validate.check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
+    return (dim, _validate.check_int("max_seq_len", max_seq_len, minimum=1),
+            _validate.check_float("base", base, positive=True), _validate.check_choice("layout", layout, ROPE_LAYOUTS))
+
+
 def default_frequencies(dim: int, base: float) -> tuple[decimal.Decimal, ...]:
     """``theta_i = base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1`` (RoFormer, eq. 15)."""
     return _default_frequencies(dim, float(base))

@@ -63,6 +63,17 @@ def check_grid_shape(name: str, grid_shape) -> tuple[int, ...]:
     return tuple(int(n) for n in sizes)
 
 
+def call_grid(grid_shape: object, own: tuple[int, ...], owner: str) -> tuple[int, ...]:
+    """The grid of one call of a table module or layer: ``own`` when ``grid_shape`` is None, else a
+    checked grid with as many axes as ``own``."""
+    if grid_shape is None:
+        return own
+    grid_shape = check_grid_shape("grid_shape", grid_shape)
+    if len(grid_shape) != len(own):
+        raise ValueError(f"grid_shape must have {len(own)} entries like the {owner}'s grid_shape={own}, got {grid_shape}")
+    return grid_shape
+
+
 def _per_axis(name: str, value, ndim: int) -> tuple[float, ...]:
     """A positive number, or one per grid axis, as a tuple of ``ndim`` floats."""
     if isinstance(value, (tuple, list)):

@@ -59,12 +59,7 @@ class RotaryEmbedding(PositionsLayer):
                  scaling: core_rope.RopeScaling | dict | None = None, xpos_scale_base: float | None = None,
                  **kwargs) -> None:
         super().__init__(**kwargs)
-        self.dim = _validate.check_int("dim", dim, minimum=2)
-        if self.dim % 2:
-            raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
-        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
-        self.base = _validate.check_float("base", base, positive=True)
-        self.layout = _validate.check_choice("layout", layout, core_rope.ROPE_LAYOUTS)
+        self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
         self.scaling = core_rope.scaling_from_config(scaling)
         self.xpos_scale_base = None if xpos_scale_base is None else _validate.check_float(
             "xpos_scale_base", xpos_scale_base, positive=True)

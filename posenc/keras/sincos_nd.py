@@ -56,15 +56,7 @@ class SinusoidalEncodingND(keras.layers.Layer):
         return self.prefix_tokens + math.prod(self.grid_shape if grid_shape is None else grid_shape)
 
     def _check_grid(self, grid_shape) -> tuple[int, ...]:
-        if grid_shape is None:
-            return self.grid_shape
-        grid_shape = core_sincos_nd.check_grid_shape("grid_shape", grid_shape)
-        if len(grid_shape) != len(self.grid_shape):
-            raise ValueError(
-                f"grid_shape must have {len(self.grid_shape)} entries like the layer's grid_shape={self.grid_shape}, "
-                f"got {grid_shape}"
-            )
-        return grid_shape
+        return core_sincos_nd.call_grid(grid_shape, self.grid_shape, "layer")
 
     def table(self, grid_shape=None) -> np.ndarray:
         """The ``(prefix_tokens + prod(grid_shape), D)`` float32 table (NumPy); default: the layer's grid."""

@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from posenc import _validate
 from posenc._torch.angles import exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import (
@@ -23,7 +22,6 @@ from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import mrope as core_mrope
 from posenc.core import rope as core_rope
-from posenc.core.rope import ROPE_LAYOUTS
 from posenc.functional.mrope import check_mrope_positions
 from posenc.kernels import rope_engine
 
@@ -100,12 +98,7 @@ class MultimodalRotaryEmbedding(TableModule):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        self.dim = _validate.check_int("dim", dim, minimum=2)
-        if self.dim % 2:
-            raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
-        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
-        self.base = _validate.check_float("base", base, positive=True)
-        self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+        self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
         self.backend = check_rope_backend(backend)
         plan = core_mrope.mrope_axis_plan(self.dim, mrope_section, interleaved=mrope_interleaved)
         self.mrope_section = core_mrope.check_mrope_section(mrope_section, self.dim)

@@ -24,7 +24,6 @@ from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
-from posenc.core.rope import ROPE_LAYOUTS
 from posenc.kernels import rope_engine
 from posenc.kernels.torch_rope import pack_tables, unpack_tables
 
@@ -121,12 +120,7 @@ class RotaryEmbedding(TableModule):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        self.dim = _validate.check_int("dim", dim, minimum=2)
-        if self.dim % 2:
-            raise ValueError(f"dim (the rotary dim) must be even: features rotate in pairs; got {dim}")
-        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
-        self.base = _validate.check_float("base", base, positive=True)
-        self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+        self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
         self.backend = check_rope_backend(backend)
         # validates scaling and base too
         freqs = core_rope.frequencies(self.dim, self.base, scaling, None)

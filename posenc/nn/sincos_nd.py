@@ -122,15 +122,7 @@ class SinusoidalEncodingND(TableModule):
             base_size=self.base_size, interpolation_scale=self.interpolation_scale, dtype=dtype, device=device)
 
     def _check_grid(self, grid_shape) -> tuple[int, ...]:
-        if grid_shape is None:
-            return self.grid_shape
-        grid_shape = core_sincos_nd.check_grid_shape("grid_shape", grid_shape)
-        if len(grid_shape) != len(self.grid_shape):
-            raise ValueError(
-                f"grid_shape must have {len(self.grid_shape)} entries like the module's grid_shape={self.grid_shape}, "
-                f"got {grid_shape}"
-            )
-        return grid_shape
+        return core_sincos_nd.call_grid(grid_shape, self.grid_shape, "module")
 
     def table(self, grid_shape: tuple[int, ...] | None = None, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The ``(prefix_tokens + prod(grid_shape), D)`` table (default: the precomputed grid).
