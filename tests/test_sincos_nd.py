@@ -281,7 +281,8 @@ def test_other_grid_is_computed_exactly_without_changing_the_module():
     assert torch.equal(enc(x, grid_shape=(6, 10)), want)
     assert torch.equal(enc.table((6, 10)), sincos_table_nd((6, 10), 16, prefix_tokens=1, base_size=4))
     for name, buf in enc.named_buffers():
-        assert torch.equal(buf, before[name]) and buf.shape == (17, 16), name
+        assert torch.equal(buf, before[name]), name
+        assert name == "axis_sin_cos" or buf.shape == (17, 16), name
     assert enc.table().data_ptr() == enc.table_main.data_ptr()        # the own grid is the buffer itself
 
 
@@ -400,3 +401,21 @@ def test_bad_module_arguments_and_inputs():
         enc(torch.zeros(1, 7, 8, dtype=torch.int64))
     with pytest.raises(TypeError, match=r"grid_shape\[0\] must be an int"):
         enc.table((2.0, 3))
+
+
+@pytest.mark.parametrize("table_dtype, x_dtype", [(torch.float32, torch.float64), (torch.float64, torch.float32)])
+def test_own_grid_in_the_other_wide_dtype_is_exact_and_compiles_in_one_graph(table_dtype, x_dtype):
+    """The module's own grid in a dtype it holds no table for is assembled from exact per-axis values:
+    no host maths, so fullgraph compiles it, and each value is still rounded once."""
+    enc = SinusoidalEncodingND(16, (3, 4), prefix_tokens=1, base_size=(3, 5), dtype=table_dtype)
+    x = torch.randn(2, 13, 16, dtype=x_dtype)
+    truth = oracle((3, 4), 16, prefix=1, base_size=(3, 5))
+    pe = enc(x) - x
+    if x_dtype == torch.float32:
+        assert_within_one_ulp(enc.table(dtype=torch.float32), truth, torch.float32)
+    else:
+        assert np.abs(enc.table(dtype=torch.float64).numpy() - truth).max() < 1e-15
+    torch.testing.assert_close(pe, torch.from_numpy(truth).to(x_dtype).expand_as(pe), rtol=0,
+                               atol=4 * torch.finfo(x_dtype).eps)
+    compiled = torch.compile(enc, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), enc(x))

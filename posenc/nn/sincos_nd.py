@@ -29,8 +29,9 @@ class SinusoidalEncodingND(TableModule):
     temporal block, then the ``3D/4`` spatial table).
 
     The table of ``grid_shape`` is built once by :meth:`reset_buffers` from exact angles, rounded
-    once to float32 (or float64), with bfloat16 and float16 copies rounded from the same exact values.
-    The tables are non-persistent buffers: they never enter ``state_dict``, follow ``.to(device)``,
+    once to float32 (or float64), with bfloat16 and float16 copies rounded from the same exact values;
+    the other wide dtype (float64 inputs on a float32 table, or the reverse) is assembled in the
+    graph from exact per-axis values, rounded once.  The tables are non-persistent buffers: they never enter ``state_dict``, follow ``.to(device)``,
     and ``.to(torch.bfloat16)`` does not lower their precision.  ``forward(x, grid_shape=...)`` for
     another resolution computes that grid's table exactly on the fly, without changing the module
     (pass ``base_size`` to map every resolution onto the same span of positions, as diffusers does).
@@ -69,7 +70,7 @@ class SinusoidalEncodingND(TableModule):
     #: Added to the token embeddings, not applied inside attention (see :func:`posenc.attention`).
     adds_to_embeddings = True
 
-    _table_buffers = ("table_main", "table_bfloat16", "table_float16")
+    _table_buffers = ("table_main", "table_bfloat16", "table_float16", "axis_sin_cos")
 
     def __init__(
         self,
@@ -100,6 +101,12 @@ class SinusoidalEncodingND(TableModule):
         self.register_buffer("table_main", torch.empty(shape, device=device, dtype=dtype), persistent=False)
         for half, name in _HALF.items():
             self.register_buffer(name, torch.empty(shape, device=device, dtype=half), persistent=False)
+        # the exact float64 (sin, cos) of every axis, zero-padded to (2, n_axes, max n, max width): the
+        # table of the module's grid in any other dtype is assembled from them inside the graph
+        self._widths = core_sincos_nd.axis_widths(len(self.grid_shape), self.dim)
+        axis_shape = (2, len(self.grid_shape), max(self.grid_shape), max(self._widths))
+        self.register_buffer("axis_sin_cos", torch.empty(axis_shape, device=device, dtype=torch.float64),
+                             persistent=False)
         self.reset_buffers()
 
     def num_tokens(self, grid_shape: tuple[int, ...] | None = None) -> int:
@@ -111,10 +118,23 @@ class SinusoidalEncodingND(TableModule):
         device = self.table_main.device
         if device.type == "meta":
             return
+        parts = core_sincos_nd.axis_sin_cos(self.grid_shape, self.dim, self.base, self.base_size,
+                                            self.interpolation_scale)           # exact float64, per axis
         with torch.no_grad():
-            exact = self._compute(self.grid_shape, torch.float64, device)        # (N, D) float64
+            self.axis_sin_cos.zero_()
+            for a, (sin, cos) in enumerate(parts):
+                n, w = sin.shape
+                self.axis_sin_cos[0, a, :n, :w].copy_(torch.from_numpy(sin))
+                self.axis_sin_cos[1, a, :n, :w].copy_(torch.from_numpy(cos))
+            exact = self._own_table(torch.float64)                               # (N, D) float64
             for name in ("table_main", *_HALF.values()):
                 getattr(self, name).copy_(exact)                                 # one rounding each
+
+    def _own_table(self, dtype: torch.dtype) -> torch.Tensor:
+        """The module's grid table in ``dtype``, assembled from the exact per-axis values (each rounded once)."""
+        parts = [(self.axis_sin_cos[0, a, :n, :w].to(dtype), self.axis_sin_cos[1, a, :n, :w].to(dtype))
+                 for a, (n, w) in enumerate(zip(self.grid_shape, self._widths, strict=True))]
+        return core_sincos_nd.assemble(parts, self.grid_shape, self.order, self.prefix_tokens, xp=torch)
 
     def _compute(self, grid_shape, dtype: torch.dtype, device) -> torch.Tensor:
         return sincos_table_nd(
@@ -133,8 +153,7 @@ class SinusoidalEncodingND(TableModule):
         dtype = self.table_main.dtype if dtype is None else check_float_dtype("dtype", dtype)
         if grid_shape == self.grid_shape:
             buffer = self.table_main if dtype == self.table_main.dtype else getattr(self, _HALF.get(dtype, ""), None)
-            if buffer is not None:
-                return buffer
+            return self._own_table(dtype) if buffer is None else buffer         # no host maths for the own grid
         return self._compute(grid_shape, dtype, self.table_main.device)
 
     def forward(self, x: torch.Tensor, *, grid_shape: tuple[int, ...] | None = None) -> torch.Tensor:
