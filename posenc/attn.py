@@ -157,7 +157,8 @@ def _axial_positions(q, k, positions, key_positions, axes: int):
             f"this encoding takes per-axis coordinates: pass positions of shape ({S}, {axes}) or ({B}, {S}, {axes}) "
             f"(e.g. posenc.functional.axial.grid_positions)"
         )
-    if key_positions is None:
+    shared = key_positions is None
+    if shared:
         if S != S_k:
             raise ValueError(f"queries ({S}) and keys ({S_k}) differ in length: pass key_positions ({S_k}, {axes})")
         key_positions = positions
@@ -169,6 +170,8 @@ def _axial_positions(q, k, positions, key_positions, axes: int):
         if p.device != q.device:
             raise ValueError(f"{name} are on {p.device} but q on {q.device}; move them with .to(q.device)")
         out.append(p)
+        if shared:                                    # the same tensor: the encoding rotates q and k in one call
+            return p, p
     return out[0], out[1]
 
 

@@ -151,13 +151,17 @@ def test_learned_matches_timm_rope_mixed_and_its_init():
     pe = timm_layer("pos_embed_sincos")
     H, hd, Hh, Ww = 3, 16, 3, 4
     m = AxialRotaryEmbedding((hd // 2, hd // 2), learned=True, num_heads=H)
-    pos = grid_positions((Hh, Ww))
     x = torch.randn(2, H, Hh * Ww, hd)
-    emb = pe.get_mixed_freqs(m.freqs.detach(), pos[:, 0].float(), pos[:, 1].float())   # (H, N, 2 hd)
+    # timm's own grid (RotaryEmbeddingMixed's default "xy" indexing): t_x is the column, t_y the row,
+    # tokens row-major; its first frequency row multiplies t_x, so posenc takes positions (w, h)
+    t_x, t_y = pe.get_mixed_grid([Hh, Ww], grid_indexing="xy")
+    emb = pe.get_mixed_freqs(m.freqs.detach(), t_x, t_y)                                 # (H, N, 2 hd)
     ref = pe.apply_rot_embed_cat(x, emb)
     with torch.no_grad():
-        got = m(x, positions=pos)[0]
+        got = m(x, positions=grid_positions((Hh, Ww)).flip(-1))[0]
+        swapped = m(x, positions=grid_positions((Hh, Ww)))[0]
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    assert (swapped - ref).abs().max() > 1e-2                  # (h, w) would pair the weights with the wrong axes
     timm_init = pe.init_random_2d_freqs(hd, 1, H, temperature=10.0, rotate=False)[:, 0]     # (2, H, hd/2)
     ours = core_axial.mixed_frequencies(hd, 2, core_axial.plane_rotations(np.zeros(H)), 10.0)
     np.testing.assert_allclose(ours, timm_init.double().numpy(), rtol=0, atol=1e-7)
@@ -186,7 +190,7 @@ def scores(m, q, k, pos_q, pos_k):
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_scores_depend_only_on_per_axis_offsets(learned, layout, axis):
-    m = AxialRotaryEmbedding((4, 4, 4), layout=layout, learned=learned, num_heads=2, base=None)
+    m = AxialRotaryEmbedding((4, 4, 4), layout=layout, learned=learned, num_heads=2 if learned else None, base=None)
     q, k = torch.randn(1, 2, 6, 12, dtype=torch.float64), torch.randn(1, 2, 6, 12, dtype=torch.float64)
     pq, pk = torch.randint(0, 20, (6, 3)), torch.randint(0, 20, (6, 3))
     shift = torch.zeros(3, dtype=torch.long)
@@ -310,7 +314,7 @@ def test_grid_positions_row_major():
 
 @pytest.mark.parametrize("learned", [False, True])
 def test_attention_rotates_with_per_axis_positions(learned):
-    m = AxialRotaryEmbedding((4, 4), learned=learned, num_heads=2)
+    m = AxialRotaryEmbedding((4, 4), learned=learned, num_heads=2 if learned else None)
     pos = grid_positions((2, 3), prefix_tokens=1)
     q, k, v = (torch.randn(2, 2, 7, 8) for _ in range(3))
     with torch.no_grad():
@@ -370,6 +374,8 @@ def test_triton_matches_torch_engine(layout, batched):
         ({"axes_dims": 8}, TypeError, "sequence"),
         ({"axes_dims": (4, 4.0)}, TypeError, r"axes_dims\[1\]"),
         ({"axes_dims": (4, 4), "learned": True}, ValueError, "num_heads"),
+        ({"axes_dims": (4, 4), "num_heads": 2}, ValueError, "drop num_heads, or pass learned=True"),
+        ({"axes_dims": (4, 4), "learned": True, "num_heads": 2, "max_positions": 64}, ValueError, "drop max_positions"),
         ({"axes_dims": (2, 4), "learned": True, "num_heads": 2}, ValueError, "multiple of 2 \\* n_axes"),
         ({"axes_dims": (4, 4), "layout": "neox"}, ValueError, "layout"),
         ({"axes_dims": (4, 4), "backend": "cuda"}, ValueError, "backend"),
@@ -404,3 +410,21 @@ def test_bad_calls():
     learned = AxialRotaryEmbedding((4, 4), learned=True, num_heads=3)
     with pytest.raises(ValueError, match="num_heads=3"):
         learned(q, positions=torch.zeros(5, 2, dtype=torch.long))
+
+
+def test_learned_half_layout_pairs_across_the_whole_rotated_part():
+    """Learned frequencies mix every axis, so "half" pairs (j, j + dim/2) whatever the axes_dims split."""
+    gen = torch.Generator().manual_seed(3)
+    a = AxialRotaryEmbedding((8, 8), learned=True, num_heads=2, layout="half")
+    b = AxialRotaryEmbedding((4, 12), learned=True, num_heads=2, layout="half")
+    with torch.no_grad():
+        b.freqs.copy_(a.freqs)
+    x = torch.randn(1, 2, 6, 18, generator=gen, dtype=torch.float64)               # 2 pass-through features
+    pos = torch.randint(-3, 9, (6, 2), generator=gen)
+    ang = torch.einsum("sa,ahj->hsj", pos.double(), a.freqs.detach().double())     # (H, S, 8)
+    c, s = ang.cos(), ang.sin()
+    x1, x2 = x[..., :8], x[..., 8:16]
+    want = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 16:]], -1)
+    with torch.no_grad():
+        for m in (a, b):
+            torch.testing.assert_close(m(x, positions=pos)[0], want, rtol=0, atol=1e-12)

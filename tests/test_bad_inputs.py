@@ -2048,7 +2048,7 @@ for _id, _kw, _exc, _match in [
     ("learned-dim-not-splittable", {"axes_dims": (2, 4), "learned": True, "num_heads": 2}, ValueError,
      r"sum\(axes_dims\) = 6 must be a multiple of 2 \* n_axes = 4"),
     ("learned-base-nan", {"learned": True, "num_heads": 2, "base": NAN}, ValueError, "base must be finite"),
-    ("num_heads-0", {"num_heads": 0}, ValueError, "num_heads must be >= 1"),
+    ("num_heads-fixed", {"num_heads": 2}, ValueError, "drop num_heads, or pass learned=True"),
     ("max_positions-0", {"max_positions": 0}, ValueError, "max_positions must be >= 1"),
     ("max_positions-negative", {"max_positions": -1}, ValueError, "max_positions must be >= 1"),
     ("max_positions-float", {"max_positions": 4.0}, TypeError, "max_positions must be an int"),

@@ -175,15 +175,24 @@ def apply_axial_rope(
             raise ValueError(f"{name} must have a feature axis (..., {'D' if name == 'x' else 'dim/2'}), got a 0-d tensor")
     if layout == "interleaved":
         if axes_dims is not None and 2 * cos.shape[-1] != sum(core_axial.check_axes_dims(axes_dims)):
-            raise ValueError(f"cos has {cos.shape[-1]} pairs but axes_dims={tuple(axes_dims)} has {sum(axes_dims) // 2}")
+            raise ValueError(
+                f"cos has {cos.shape[-1]} pairs but axes_dims={tuple(axes_dims)} has {sum(axes_dims) // 2}; build cos "
+                f"and sin with axial_cos_sin(positions, axes_dims) for these axes_dims"
+            )
         return apply_rope(x, cos, sin, layout="interleaved", inplace=inplace, backend=backend)
     if axes_dims is None:
         raise ValueError("layout='half' pairs features inside each axis block: pass axes_dims=")
     dims = core_axial.check_axes_dims(axes_dims)
     if 2 * cos.shape[-1] != sum(dims):
-        raise ValueError(f"cos has {cos.shape[-1]} pairs but axes_dims={dims} has {sum(dims) // 2}")
+        raise ValueError(
+            f"cos has {cos.shape[-1]} pairs but axes_dims={dims} has {sum(dims) // 2}; build cos and sin with "
+            f"axial_cos_sin(positions, axes_dims) for these axes_dims"
+        )
     if sum(dims) > x.shape[-1]:
-        raise ValueError(f"sum(axes_dims) = {sum(dims)} exceeds x's feature dim {x.shape[-1]}")
+        raise ValueError(
+            f"sum(axes_dims) = {sum(dims)} exceeds x's feature dim {x.shape[-1]}; the axes share one head: pass "
+            f"axes_dims summing to at most {x.shape[-1]}"
+        )
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
     if inplace:

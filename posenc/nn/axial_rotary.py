@@ -59,7 +59,9 @@ class AxialRotaryEmbedding(TableModule):
     pairs form ``n_axes`` groups, group ``g`` points along column ``g`` of a random rotation per
     head (two axes: a uniform angle ``phi``, giving ``[cos phi, cos(phi + pi/2)]`` and
     ``[sin phi, sin(phi + pi/2)]``; more axes: a uniformly random rotation), with magnitudes
-    ``base^(-2 n_axes j / dim)`` and ``base = 10`` by default (the paper's ``theta``).  Draws use
+    ``base^(-2 n_axes j / dim)`` and ``base = 10`` by default (the paper's ``theta``).  The paper's
+    and timm's weights multiply their first frequency row by the column index: to load them, pass
+    positions ``(w, h)``, ``grid_positions((H, W)).flip(-1)``.  Draws use
     torch's generator (``torch.manual_seed``).  Angles are computed in float64 from the parameter
     (with autocast off), not from the exact tables, and gradients reach ``freqs``; rotation runs in
     the torch engine (per-head rows).  ``axes_dims`` then only sets ``n_axes`` and ``dim``;
@@ -68,10 +70,12 @@ class AxialRotaryEmbedding(TableModule):
     Args:
         axes_dims: features per axis, each even, e.g. ``(16, 56, 56)``.
         base: frequency base (``theta``); default 10000 (fixed) or 10 (learned, the paper's).
-        layout: ``"interleaved"`` (pairs ``2i, 2i+1`` per block) or ``"half"`` (``i, i + d_a/2``).
+        layout: ``"interleaved"`` (pairs ``2i, 2i+1`` per block) or ``"half"`` (``i, i + d_a/2``; with
+            ``learned=True``, whose pairs mix every axis, ``j, j + dim/2`` over the rotated features).
         learned: RoPE-Mixed learned frequencies (needs ``num_heads``).
         num_heads: heads of q and k (learned mode: one set of frequencies per head).
-        max_positions: coordinates ``0 .. max_positions - 1`` per axis precomputed (fixed mode).
+        max_positions: coordinates ``0 .. max_positions - 1`` of every axis precomputed (fixed mode;
+            default 1024).  It counts coordinates per axis, not tokens: a 64 x 64 grid needs 64.
         backend: ``"auto"``, ``"torch"`` or ``"triton"``, decided once per call as for
             :class:`~posenc.RotaryEmbedding`.
         device: device of the tables and the parameter.
@@ -105,7 +109,7 @@ class AxialRotaryEmbedding(TableModule):
         layout: str = "interleaved",
         learned: bool = False,
         num_heads: int | None = None,
-        max_positions: int = 1024,
+        max_positions: int | None = None,
         backend: str = "auto",
         device: torch.device | str | None = None,
     ) -> None:
@@ -119,7 +123,18 @@ class AxialRotaryEmbedding(TableModule):
         default_base = core_axial.MIXED_BASE if learned else 10000.0
         self.base = default_base if base is None else _validate.check_float("base", base, positive=True)
         self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-        self.max_positions = _validate.check_int("max_positions", max_positions, minimum=1)
+        if learned and max_positions is not None:
+            raise ValueError(
+                "max_positions sets the rows of the fixed tables; learned=True computes its angles from the learned "
+                "frequencies and keeps no table: drop max_positions"
+            )
+        if not learned and num_heads is not None:
+            raise ValueError(
+                "num_heads sets the heads of learned (RoPE-Mixed) frequencies; fixed frequencies rotate every head "
+                "alike: drop num_heads, or pass learned=True"
+            )
+        self.max_positions = 1024 if max_positions is None else _validate.check_int(
+            "max_positions", max_positions, minimum=1)
         self.backend = check_rope_backend(backend)
         h = self.dim // 2
         if learned:
@@ -129,7 +144,7 @@ class AxialRotaryEmbedding(TableModule):
             core_axial.check_mixed_dim(self.dim, self.n_axes)
             self.freqs = nn.Parameter(torch.empty(self.n_axes, self.num_heads, h, device=device))
         else:
-            self.num_heads = None if num_heads is None else _validate.check_int("num_heads", num_heads, minimum=1)
+            self.num_heads = None
             self._freqs = core_axial.axial_frequencies(self.axes_dims, self.base)
             self.register_buffer("turns", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
             # (cos, sin) pairs of every frequency at coordinates 0 .. max_positions - 1: (P, 2h)
@@ -383,7 +398,8 @@ class AxialRotaryEmbedding(TableModule):
 
     def _rotate(self, engine, q, k, sd, rows, inplace):
         kind, *tables = rows
-        half = self.layout == "half" and self.n_axes > 1
+        # (learned frequencies mix every axis: no per-axis blocks, "half" pairs (j, j + dim/2) over the whole)
+        half = self.layout == "half" and self.n_axes > 1 and not self.learned
         if half:                                   # per-block half pairs = global half pairs after a permutation
             perm = self._buffers["half_perm"]
             if q.shape[-1] > self.dim:
@@ -433,6 +449,8 @@ class AxialRotaryEmbedding(TableModule):
 
     def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
         """Rotate queries at ``positions (.., S, n_axes)`` and keys at ``key_positions``."""
+        if k is not None and key_positions is positions and q.shape[2] == k.shape[2]:
+            return self(q, k, positions=positions, assume_in_table=assume_in_table)     # one range read, one gather
         q = self.rotate(q, positions=positions, assume_in_table=assume_in_table)
         return q, None if k is None else self.rotate(k, positions=key_positions, assume_in_table=assume_in_table)
 

@@ -105,8 +105,8 @@ class MultimodalRotaryEmbedding(TableModule):
         self.mrope_interleaved = mrope_interleaved
         if scaling is not None and not isinstance(scaling, core_rope.RopeScaling):
             raise TypeError(
-                f"scaling must be None or a posenc scaling rule (LinearScaling, NTKScaling, YarnScaling, "
-                f"Llama3Scaling), got {scaling!r}"
+                f"scaling must be None or a posenc scaling rule whose frequencies do not depend on the length "
+                f"(LinearScaling, NTKScaling, YarnScaling, Llama3Scaling, ProportionalScaling), got {scaling!r}"
             )
         if scaling is not None and scaling.length_dependent:
             raise ValueError(
@@ -321,6 +321,8 @@ class MultimodalRotaryEmbedding(TableModule):
     def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
         """Rotate queries at ``positions (..., S, 3)`` and keys at ``key_positions`` (axes t, h, w last,
         as ``posenc.attention`` passes per-axis coordinates: ``mrope_positions(...)[0].movedim(0, -1)``)."""
+        if k is not None and key_positions is positions and q.shape[2] == k.shape[2]:
+            return self(q, k, positions=positions.movedim(-1, 0), assume_in_table=assume_in_table)
         q = self(q, positions=positions.movedim(-1, 0), assume_in_table=assume_in_table)[0]
         if k is None:
             return q, None
