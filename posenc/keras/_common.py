@@ -89,12 +89,8 @@ def check_int32_range(name: str, lo: int, hi: int) -> None:
         )
 
 
-def check_positions(name: str, positions):
-    """``positions`` as a tensor or array of integers, ``(S,)`` or ``(B, S)``, within int32.
-
-    The dtype and rank are checked always; the values where they exist (:func:`has_values`) and only
-    for dtypes wider than int32 (no read from the device otherwise).
-    """
+def integer_positions(name: str, positions):
+    """``positions`` as a tensor or array of integers (any shape); host values become an array."""
     if isinstance(positions, _HOST):
         positions = np.asarray(positions)
     if not hasattr(positions, "dtype"):
@@ -105,10 +101,25 @@ def check_positions(name: str, positions):
             f"{name} must hold integers (int32/int64), got dtype {dtype}; positions are indices, so build "
             f"them with keras.ops.arange or cast with keras.ops.cast({name}, 'int32')"
         )
+    return positions
+
+
+def check_position_values(name: str, positions) -> None:
+    """Integer positions within int32: read (where they exist, :func:`has_values`) only for dtypes
+    wider than int32, so int32 positions cost no read from the device."""
+    if dtype_name(positions) in _WIDER_THAN_INT32 and (rng := value_range(positions)) is not None:
+        check_int32_range(name, *rng)
+
+
+def check_positions(name: str, positions):
+    """``positions`` as a tensor or array of integers, ``(S,)`` or ``(B, S)``, within int32.
+
+    The dtype and rank are checked always; the values as :func:`check_position_values` says.
+    """
+    positions = integer_positions(name, positions)
     if len(positions.shape) not in (1, 2):
         raise ValueError(f"{name} must have shape (S,) or (B, S), got {tuple(positions.shape)}")
-    if dtype in _WIDER_THAN_INT32 and (rng := value_range(positions)) is not None:
-        check_int32_range(name, *rng)
+    check_position_values(name, positions)
     return positions
 
 

@@ -12,19 +12,15 @@ from posenc.core.rope import ROPE_LAYOUTS
 from posenc.keras._common import (
     PositionsLayer,
     check_float,
-    check_int32_range,
+    check_position_values,
     differ,
-    dtype_name,
     exact_sin_cos,
+    integer_positions,
     normalize_seq_dim,
     static_shape,
-    value_range,
 )
 
 __all__ = ["AxialRotaryEmbedding"]
-
-_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
-
 
 @keras.saving.register_keras_serializable(package="posenc")
 class AxialRotaryEmbedding(PositionsLayer):
@@ -61,23 +57,14 @@ class AxialRotaryEmbedding(PositionsLayer):
         self._inverse = np.argsort(self._perm)
 
     def _check_positions(self, positions, length, batch):
-        if isinstance(positions, (list, tuple, int, np.ndarray, np.generic)):
-            positions = np.asarray(positions)
-        if not hasattr(positions, "dtype"):
-            raise TypeError(f"positions must be an integer tensor or array, got {type(positions).__name__}")
-        if dtype_name(positions) not in _INT_DTYPES:
-            raise TypeError(
-                f"positions must hold integers (int32/int64), got dtype {dtype_name(positions)}; cast with "
-                f"keras.ops.cast(positions, 'int32')"
-            )
+        positions = integer_positions("positions", positions)
         p = static_shape(positions)
         n = self.n_axes
         ok = len(p) in (2, 3) and p[-1] == n and not differ(p[-2], length) and (
             len(p) == 2 or (batch is not None and (None in (p[0], batch) or p[0] in (1, batch))))
         if not ok:
             raise ValueError(f"positions must have shape (S, {n}) or (B, S, {n}) with S={length}; got {p}")
-        if (rng := value_range(positions)) is not None:
-            check_int32_range("positions", *rng)
+        check_position_values("positions", positions)                   # no device read for int32
         return positions
 
     def cos_sin(self, positions):
