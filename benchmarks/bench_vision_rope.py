@@ -27,8 +27,9 @@ Peers, when installed:
 
 A third case, qwen2vl, times multimodal RoPE on Qwen2-VL-7B's attention shapes (28 query heads, 4 key
 heads, head dim 128, mrope_section (16, 24, 24)) for a prompt of 50 text tokens, four 448 x 448 images
-(1024 tokens) and 50 text tokens: posenc from the (3, B, S) positions against transformers'
-apply_rotary_pos_emb with the cos/sin of Qwen2VLRotaryEmbedding given, and with them rebuilt per call.
+(1024 tokens) and 50 text tokens: posenc with its rows given (cos_sin(positions), once per forward) or
+from the (3, B, S) positions, against transformers' apply_rotary_pos_emb with the cos/sin of
+Qwen2VLRotaryEmbedding given, and with them rebuilt per call.
 """
 
 from __future__ import annotations
@@ -239,10 +240,12 @@ def run_mrope(dtype: torch.dtype, repeats: int) -> None:
         k_buf.copy_(k)
 
     mrope = posenc.MultimodalRotaryEmbedding(128, list(MROPE_SECTION))
-    impls = [("posenc MultimodalRotaryEmbedding(q, k, positions=)", lambda: mrope(q, k, positions=positions)),
-             ("posenc, in place", lambda: mrope(qw, kw, positions=positions, inplace=True))]
+    rows = mrope.cos_sin(positions)                                     # once per forward, shared by the layers
+    impls = [("posenc MultimodalRotaryEmbedding(q, k, cos_sin=rows)", lambda: mrope(q, k, cos_sin=rows)),
+             ("posenc, rows given, in place", lambda: mrope(qw, kw, cos_sin=rows, inplace=True)),
+             ("posenc, positions given", lambda: mrope(q, k, positions=positions))]
     qw, kw = q.clone(), k.clone()
-    errors = [(mrope(q, k, positions=positions)[0].double() - want).abs().max().item()] * 2
+    errors = [(mrope(q, k, positions=positions)[0].double() - want).abs().max().item()] * 3
     if importlib.util.find_spec("transformers"):
         from transformers import Qwen2VLConfig
         from transformers.models.qwen2_vl import modeling_qwen2_vl as hf

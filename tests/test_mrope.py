@@ -592,3 +592,22 @@ def test_triton_engine_matches_torch_engine(batched):
     mr = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, backend="torch")
     for a, b in zip(mt(q, k, positions=pos), mr(q, k, positions=pos), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(3, 6), (3, 2, 6), (3, 1, 6)])
+def test_rows_computed_once_rotate_like_positions(shape):
+    """cos_sin(positions), passed to every layer, gives what positions= gives (and the oracle)."""
+    gen = torch.Generator().manual_seed(1)
+    m = MultimodalRotaryEmbedding(12, [2, 2, 2], max_seq_len=16)
+    pos = torch.randint(0, 40, shape, generator=gen)                       # some past the 16-row table
+    q, k = torch.randn(2, 3, 6, 12, generator=gen), torch.randn(2, 1, 6, 12, generator=gen)
+    rows = m.cos_sin(pos)
+    for got, ref in zip(m(q, k, cos_sin=rows), m(q, k, positions=pos), strict=True):
+        assert torch.equal(got, ref)
+    pos3 = pos if pos.dim() == 3 else pos[:, None]
+    want = oracle_rotate(q.numpy(), pos3.expand(3, 2, 6).numpy(), 12, [2, 2, 2], 10000.0)
+    np.testing.assert_allclose(m(q, cos_sin=rows)[0].numpy(), want, rtol=0, atol=_tol(want))
+    with pytest.raises(ValueError, match="not both"):
+        m(q, k, positions=pos, cos_sin=rows)
+    with pytest.raises(ValueError, match="cos_sin must be"):
+        m(q[:, :, :5], cos_sin=rows)

@@ -81,3 +81,32 @@ def broadcast_rows(rows: torch.Tensor, ndim: int, seq_dim: int) -> torch.Tensor:
             raise ValueError("per-row positions (B, S) need a batch axis before the sequence axis")
         shape[0] = rows.shape[0]
     return rows.reshape(shape)
+
+
+def check_given_rows(cos_sin: object, *, length: int, batch: int | None, device: torch.device, pairs: int,
+                     heads: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows a caller computed once (an encoding's ``cos_sin(positions)``) and passes to every layer:
+    ``(cos, sin)`` of shape ``heads + (S, pairs)``, optionally with a leading batch dim of 1 or
+    ``batch``; returned without a leading batch dim of 1."""
+    if not (isinstance(cos_sin, (tuple, list)) and len(cos_sin) == 2):
+        raise TypeError("cos_sin must be the (cos, sin) pair returned by cos_sin(positions)")
+    cos, sin = cos_sin
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point):
+            raise TypeError(f"cos_sin's {name} must be a floating tensor, got {getattr(t, 'dtype', type(t))}")
+        if t.device != device:
+            raise ValueError(f"cos_sin's {name} is on {t.device} but q on {device}; move it with .to()")
+    shape = tuple(cos.shape)
+    lead = shape[: len(shape) - 2 - len(heads)]
+    ok = cos.shape == sin.shape and len(shape) >= 2 and shape[-1] == pairs and len(lead) <= 1 and (
+        shape[-2] == length) and tuple(shape[len(lead) : len(lead) + len(heads)]) == heads and (
+        len(lead) == 0 or (batch is not None and lead[0] in (1, batch)))
+    if not ok:
+        want = "(H, S, dim/2)" if heads else "(S, dim/2)"
+        raise ValueError(
+            f"cos_sin must be {want} or with a leading batch dim, from cos_sin(positions), for S={length}, "
+            f"dim/2={pairs}; got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    if len(lead) and lead[0] == 1:
+        cos, sin = cos[0], sin[0]
+    return cos, sin

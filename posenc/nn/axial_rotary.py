@@ -17,7 +17,7 @@ from posenc._torch.checks import (
     check_same_device,
     inplace_pair_overlaps,
 )
-from posenc._torch.rows import guard_in_table, position_range
+from posenc._torch.rows import check_given_rows, guard_in_table, position_range
 from posenc._torch.tables import TableModule
 from posenc.core import axial as core_axial
 from posenc.core import exact as core_exact
@@ -339,7 +339,9 @@ class AxialRotaryEmbedding(TableModule):
         if cos_sin is not None:
             if positions is not None:
                 raise ValueError("pass either positions or cos_sin (rows from cos_sin(positions)), not both")
-            return ("cos_sin", *self._check_rows(cos_sin, length, batch, device))
+            heads = () if not self.learned else (self.num_heads,)
+            return ("cos_sin", *check_given_rows(cos_sin, length=length, batch=batch, device=device,
+                                                 pairs=self.dim // 2, heads=heads))
         if positions is None:
             raise ValueError(
                 f"positions are required: integer coordinates (S, {self.n_axes}) or (B, S, {self.n_axes}), e.g. "
@@ -360,32 +362,6 @@ class AxialRotaryEmbedding(TableModule):
         if self.learned:
             return ("cos_sin", *self._learned_cos_sin(positions, working_dtype(q.dtype)))
         return self._fixed_rows(positions, working_dtype(q.dtype), assume)
-
-    def _check_rows(self, cos_sin, length, batch, device):
-        if not (isinstance(cos_sin, (tuple, list)) and len(cos_sin) == 2):
-            raise TypeError("cos_sin must be the (cos, sin) pair returned by cos_sin(positions)")
-        cos, sin = cos_sin
-        for name, t in (("cos", cos), ("sin", sin)):
-            if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point):
-                raise TypeError(f"cos_sin's {name} must be a floating tensor, got {getattr(t, 'dtype', type(t))}")
-            if t.device != device:
-                raise ValueError(f"cos_sin's {name} is on {t.device} but q on {device}; move it with .to()")
-        h = self.dim // 2
-        heads = () if not self.learned else (self.num_heads,)
-        shape = tuple(cos.shape)
-        lead = shape[: len(shape) - 2 - len(heads)]
-        ok = cos.shape == sin.shape and shape[-1] == h and len(lead) <= 1 and shape[-2] == length and (
-            tuple(shape[len(lead) : len(lead) + len(heads)]) == heads) and (
-            len(lead) == 0 or (batch is not None and lead[0] in (1, batch)))      # len(): traceable
-        if not ok:
-            want = "(H, S, dim/2)" if self.learned else "(S, dim/2)"
-            raise ValueError(
-                f"cos_sin must be {want} or with a leading batch dim, from cos_sin(positions), for S={length}, "
-                f"dim/2={h}; got {tuple(cos.shape)} and {tuple(sin.shape)}"
-            )
-        if len(lead) and lead[0] == 1:
-            cos, sin = cos[0], sin[0]
-        return cos, sin
 
     def _engine(self, q, k, sd, kind):
         """The engine for this call, decided once (no device reads)."""

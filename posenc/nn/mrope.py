@@ -16,7 +16,7 @@ from posenc._torch.checks import (
     check_same_device,
     inplace_pair_overlaps,
 )
-from posenc._torch.rows import guard_in_table, position_range
+from posenc._torch.rows import check_given_rows, guard_in_table, position_range
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
@@ -241,6 +241,7 @@ class MultimodalRotaryEmbedding(TableModule):
         *,
         positions: torch.Tensor | None = None,
         offset: int = 0,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
         seq_dim: int = -2,
         inplace: bool = False,
         assume_in_table: bool = False,
@@ -255,6 +256,8 @@ class MultimodalRotaryEmbedding(TableModule):
                 all three axes.
             offset: first text position when ``positions`` is None (decoding step by step; with a
                 prompt's rope delta ``d``, the token after ``n`` cached ones is at ``n + d``).
+            cos_sin: rows from :meth:`cos_sin` instead of ``positions``: computed once per forward
+                and shared by the layers (no range read, no gather per layer).
             seq_dim: sequence axis of ``q`` and ``k``.
             inplace: rotate ``q`` and ``k`` in place.
             assume_in_table: promise that every position lies in ``[0, max_seq_len)``.
@@ -265,7 +268,8 @@ class MultimodalRotaryEmbedding(TableModule):
         if type(assume_in_table) is not bool:
             raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
         if inplace and inplace_pair_overlaps(q, k):                      # views of one buffer: rotate, then copy
-            qr, kr = self.forward(q, k, positions=positions, offset=offset, seq_dim=sd, assume_in_table=assume_in_table)
+            qr, kr = self.forward(q, k, positions=positions, offset=offset, cos_sin=cos_sin, seq_dim=sd,
+                                  assume_in_table=assume_in_table)
             return q.copy_(qr), k.copy_(kr)
         length = q.shape[sd]
         batch = q.shape[0] if sd > 0 else None
@@ -273,6 +277,11 @@ class MultimodalRotaryEmbedding(TableModule):
         if device != self.cos_table.device:
             check_same_device("q", q, "the tables", self.cos_table.device)
         tracing = torch.compiler.is_compiling()
+        if cos_sin is not None:
+            if positions is not None or not (type(offset) is int and offset == 0):
+                raise ValueError("pass either cos_sin (rows from cos_sin(positions)) or positions/offset, not both")
+            cos, sin = check_given_rows(cos_sin, length=length, batch=batch, device=device, pairs=self.dim // 2)
+            return self._rotate(q, k, sd, cos, sin, inplace)
         if positions is None:
             offset = check_offset(offset)
             if not tracing:
@@ -298,6 +307,11 @@ class MultimodalRotaryEmbedding(TableModule):
         cos, sin = self._rows(positions, rng, assume_in_table and q.dtype != torch.float64, working_dtype(q.dtype))
         if cos.dim() == 3 and cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]                                     # one row set shared by the batch
+        return self._rotate(q, k, sd, cos, sin, inplace)
+
+    def _rotate(self, q, k, sd, cos, sin, inplace):
+        """Rotate by rows ``(S, h)`` (shared by the batch) or ``(B, S, h)``."""
+        device = q.device
         engine = self._engine(q, k, sd)
         if cos.dim() == 2:                                                # (S, h)
             return engine(q, k, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout, seq_dim=sd,
