@@ -356,7 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.set_defaults(func=_cmd_compare, command_parser=c)
 
-    p = sub.add_parser("plot", help="write PNG figures that explain the encodings")
+    p = sub.add_parser("plot", help="write PNG figures that explain the encodings",
+                       description="Write PNG figures that explain the encodings. The two patch-grid figures "
+                                   "(sincos_2d_table.png, axial_similarity.png) always show a 16 x 16 grid with "
+                                   "64 features; --dim and --max-len set the 1-D figures.")
     p.add_argument("--out", type=_folder, default=pathlib.Path("posenc-plots"),
                    help="folder for the PNG files, created if missing (default posenc-plots)")
     p.add_argument("--dim", type=_even_dim, default=64, help=f"features per position, even, from 2 to {MAX_DIM} (default 64)")
