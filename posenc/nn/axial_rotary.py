@@ -377,10 +377,10 @@ class AxialRotaryEmbedding(TableModule):
         # (learned frequencies mix every axis: no per-axis blocks, "half" pairs (j, j + dim/2) over the whole)
         half = self.layout == "half" and self.n_axes > 1 and not self.learned
         if half:                                   # per-block half pairs = global half pairs after a permutation
-            perm = self._buffers["half_perm"]
-            if q.shape[-1] > self.dim:
-                perm = torch.cat([perm, torch.arange(self.dim, q.shape[-1], device=perm.device)])
-            inverse = torch.argsort(perm) if q.shape[-1] > self.dim else self._buffers["half_inverse"]
+            perm, inverse = self._buffers["half_perm"], self._buffers["half_inverse"]
+            if q.shape[-1] > self.dim:                     # pass-through features keep their places
+                tail = torch.arange(self.dim, q.shape[-1], device=perm.device)
+                perm, inverse = torch.cat([perm, tail]), torch.cat([inverse, tail])
             qp = q.index_select(-1, perm)
             kp = None if k is None else k.index_select(-1, perm)
             # (the permuted copies are fresh: rotate them in place unless autograd records)
