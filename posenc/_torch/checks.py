@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
-from posenc._torch.rows import position_range
+from posenc._torch.rows import guard_in_table, position_range
 from posenc.core import exact
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -43,6 +43,30 @@ def check_position_bounds(name: str, lo: int, hi: int) -> None:
     longer guaranteed."""
     if max(-lo, hi) > exact.MAX_POSITION:
         raise ValueError(f"{name} must lie within [-2**31, 2**31] for exact angles, got values in [{lo}, {hi}]")
+
+
+def from_table(name: str, positions: torch.Tensor, rows: int, *, table_ok: bool, assume: bool,
+               known: tuple[int, int] | None = None) -> bool:
+    """The table-or-exact decision of a call with explicit positions: whether its rows come from a
+    table of ``rows`` positions.
+
+    ``table_ok``: the table serves this call at all (float32 work).  With ``assume`` (the caller
+    promised ``[0, rows)``) nothing is read; while tracing the promise becomes a guard.  Otherwise the
+    range (``known`` when the host already has it) decides, read once and bounds-checked; while
+    tracing, or for empty or meta positions, it is the exact path.
+    """
+    tracing = torch.compiler.is_compiling()
+    if table_ok and assume:
+        if tracing:
+            guard_in_table(name, positions, rows)
+        return True
+    rng = known
+    if rng is None:
+        if tracing or not positions.numel() or positions.is_meta:
+            return False
+        rng = position_range(positions)
+        check_position_bounds(name, *rng)
+    return table_ok and 0 <= rng[0] and rng[1] < rows
 
 
 def check_position_range(name: str, positions: torch.Tensor) -> None:

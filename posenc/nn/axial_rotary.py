@@ -12,12 +12,12 @@ from posenc._torch.angles import _no_autocast, exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
-    check_position_bounds,
     check_qk,
     check_same_device,
+    from_table,
     inplace_pair_overlaps,
 )
-from posenc._torch.rows import check_given_rows, guard_in_table, position_range
+from posenc._torch.rows import check_given_rows
 from posenc._torch.tables import TableModule
 from posenc.core import axial as core_axial
 from posenc.core import exact as core_exact
@@ -220,21 +220,7 @@ class AxialRotaryEmbedding(TableModule):
     def _fixed_rows(self, positions: torch.Tensor, dtype: torch.dtype, assume: bool):
         """``("packed", (..., 2h))`` gathered from the table, or ``("cos_sin", cos, sin)`` computed."""
         table = self._buffers["packed_table"]
-        tracing = torch.compiler.is_compiling()
-        rows = table.shape[0]
-        in_table = False
-        if dtype == torch.float32:
-            if assume:
-                in_table = True
-                if tracing:
-                    guard_in_table("positions", positions, rows)
-            elif not tracing and positions.numel() and not positions.is_meta:
-                lo, hi = position_range(positions)
-                check_position_bounds("positions", lo, hi)
-                in_table = 0 <= lo and hi < rows
-        elif not tracing and positions.numel() and not positions.is_meta:
-            check_position_bounds("positions", *position_range(positions))
-        if in_table:
+        if from_table("positions", positions, table.shape[0], table_ok=dtype == torch.float32, assume=assume):
             return "packed", self._gather(table, positions)
         c, s = functional_axial.axial_exact_cos_sin(positions, self.turns, self.axes_dims, dtype)
         return "cos_sin", c, s

@@ -14,9 +14,10 @@ from posenc._torch.checks import (
     check_position_bounds,
     check_qk,
     check_same_device,
+    from_table,
     inplace_pair_overlaps,
 )
-from posenc._torch.rows import check_given_rows, guard_in_table, position_range
+from posenc._torch.rows import check_given_rows
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
@@ -192,23 +193,13 @@ class MultimodalRotaryEmbedding(TableModule):
         check_float_dtype("dtype", dtype)
         if type(assume_in_table) is not bool:
             raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
-        rng = self._range(positions, assume_in_table)
-        return self._rows(positions, rng, assume_in_table and dtype == torch.float32, dtype)
+        table = from_table("positions", positions, self.max_seq_len, table_ok=dtype == torch.float32,
+                           assume=assume_in_table)
+        return self._rows(positions, table, dtype)
 
-    def _range(self, positions: torch.Tensor, assume: bool) -> tuple[int, int] | None:
-        """``(min, max)`` of the positions (one device read), or None: promised, traced, empty or meta."""
-        if assume or not positions.numel() or positions.is_meta or torch.compiler.is_compiling():
-            return None
-        rng = position_range(positions)
-        check_position_bounds("positions", *rng)
-        return rng
-
-    def _rows(self, positions: torch.Tensor, rng, assumed: bool, dtype: torch.dtype):
-        """cos/sin rows for ``(3, ...)`` positions: from the tables when in range (or promised), else exact."""
-        in_table = rng is not None and 0 <= rng[0] and rng[1] < self.max_seq_len
-        if dtype == torch.float32 and (in_table or assumed):
-            if rng is None and torch.compiler.is_compiling():
-                guard_in_table("positions", positions, self.max_seq_len)
+    def _rows(self, positions: torch.Tensor, table: bool, dtype: torch.dtype):
+        """cos/sin rows for ``(3, ...)`` positions: gathered from the tables (``table``), else exact."""
+        if table:
             h = self.dim // 2
             per_slot = positions.movedim(0, -1).index_select(-1, self.slot_axis)     # (..., h): p_a(j)
             flat = per_slot.long() * h + torch.arange(h, device=positions.device)      # row-major table index
@@ -287,7 +278,7 @@ class MultimodalRotaryEmbedding(TableModule):
             if not tracing:
                 check_position_bounds("positions", offset, offset + max(length, 1) - 1)
             positions = torch.arange(length, device=device).add_(offset).expand(3, -1)        # (3, S) text
-            rng = None if tracing else (offset, offset + length - 1)
+            known = None if tracing else (offset, offset + length - 1)
         else:
             if not (type(offset) is int and offset == 0):
                 raise ValueError("pass either positions or offset, not both (add the offset to positions)")
@@ -299,12 +290,13 @@ class MultimodalRotaryEmbedding(TableModule):
                 raise ValueError(f"positions must have shape {allowed}, S={length}; got {tuple(positions.shape)}")
             if positions.device != device:
                 raise ValueError(f"positions are on {positions.device} but q on {device}; move them with .to()")
-            rng = None
+            known = None
         if not tracing and not length:
             return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
-        if rng is None:
-            rng = self._range(positions, assume_in_table)
-        cos, sin = self._rows(positions, rng, assume_in_table and q.dtype != torch.float64, working_dtype(q.dtype))
+        work = working_dtype(q.dtype)
+        table = from_table("positions", positions, self.max_seq_len, table_ok=work == torch.float32,
+                           assume=assume_in_table, known=known)
+        cos, sin = self._rows(positions, table, work)
         if cos.dim() == 3 and cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]                                     # one row set shared by the batch
         return self._rotate(q, k, sd, cos, sin, inplace)
