@@ -2092,6 +2092,16 @@ for _id, _call, _exc, _match in [
     bad("AxialRotaryEmbedding", _id, lambda c=_call: c(AxialRotaryEmbedding((4, 4))), _exc, _match)
 
 
+def _check_rotated(qo, ko, q0, want_q, want_k, atol):
+    """A rotated ``(q, k)`` pair against the reference: q keeps its dtype, k is None when none was given."""
+    assert qo.dtype == q0.dtype
+    close(qo, want_q, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+    if want_k is None:
+        assert ko is None
+    else:
+        close(ko, want_k, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+
+
 def _axial_qk(case_id, make_module, make_qk, kw, want, atol=1e-5):
     """``module(q, k, **kw)`` must equal ``want(module, q0, k0)`` for each of q, k (k may be None)."""
     def thunk():
@@ -2103,13 +2113,7 @@ def _axial_qk(case_id, make_module, make_qk, kw, want, atol=1e-5):
 
     def check(r):
         (qo, ko), m, q0, k0 = r
-        want_q, want_k = want(m, q0, k0)
-        assert qo.dtype == q0.dtype
-        close(qo, want_q, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
-        if want_k is None:
-            assert ko is None
-        else:
-            close(ko, want_k, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+        _check_rotated(qo, ko, q0, *want(m, q0, k0), atol)
     good("AxialRotaryEmbedding", case_id, thunk, check)
 
 
@@ -2322,13 +2326,7 @@ def _mrope_qk(case_id, make_module, make_qk, kw, want, atol=1e-5):
 
     def check(r):
         (qo, ko), q0, k0 = r
-        want_q, want_k = want(q0, k0)
-        assert qo.dtype == q0.dtype
-        close(qo, want_q, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
-        if want_k is None:
-            assert ko is None
-        else:
-            close(ko, want_k, atol=atol, rtol=1e-6 if atol < 1e-3 else 1e-2)
+        _check_rotated(qo, ko, q0, *want(q0, k0), atol)
     good("MultimodalRotaryEmbedding", case_id, thunk, check)
 
 
