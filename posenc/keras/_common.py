@@ -156,6 +156,18 @@ def check_float(name: str, t, fix: str = "") -> None:
         raise TypeError(f"{name} must be a floating tensor, got dtype {dtype}{fix}")
 
 
+def check_qk_shape(name: str, t, dim: int, dim_name: str, fix: str) -> tuple:
+    """``t`` (queries or keys) must be floating ``(..., S, D)`` with ``D >= dim``; returns its static
+    shape.  ``dim_name`` describes ``dim`` and ``fix`` the layer to build instead, in the error."""
+    check_float(name, t)
+    shape = static_shape(t)
+    if len(shape) < 2:
+        raise ValueError(f"{name} must have at least 2 dims (..., S, D), got shape {shape}")
+    if shape[-1] is not None and shape[-1] < dim:
+        raise ValueError(f"{name} has head dim {shape[-1]} < {dim_name}; build the layer with {fix}")
+    return shape
+
+
 def check_embeddings(x, dim: int) -> None:
     """``x`` must be floating embeddings of shape ``(B, S, dim)`` or ``(S, dim)``."""
     check_float("x", x, "; embed token ids first (e.g. keras.layers.Embedding) or cast with keras.ops.cast(x, 'float32')")

@@ -11,8 +11,8 @@ from posenc.core import axial as core_axial
 from posenc.core.rope import ROPE_LAYOUTS
 from posenc.keras._common import (
     PositionsLayer,
-    check_float,
     check_position_values,
+    check_qk_shape,
     differ,
     exact_sin_cos,
     integer_positions,
@@ -127,14 +127,8 @@ class AxialRotaryEmbedding(PositionsLayer):
         for name, t in (("q", q), ("k", k)):
             if t is None:
                 continue
-            check_float(name, t)
-            shape = static_shape(t)
-            if len(shape) < 2:
-                raise ValueError(f"{name} must have at least 2 dims (..., S, D), got shape {shape}")
-            if shape[-1] is not None and shape[-1] < self.dim:
-                raise ValueError(f"{name} has head dim {shape[-1]} < sum(axes_dims) = {self.dim}; build the layer "
-                                 f"with axes_dims summing to at most the head dim")
-            shapes.append(shape)
+            shapes.append(check_qk_shape(name, t, self.dim, f"sum(axes_dims) = {self.dim}",
+                                         "axes_dims summing to at most the head dim"))
         seq_axis = normalize_seq_dim(seq_dim, len(shapes[0]))
         if len(shapes) == 2:
             a, b = shapes

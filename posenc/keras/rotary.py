@@ -10,16 +10,15 @@ from posenc import _validate
 from posenc.core import rope as core_rope
 from posenc.keras._common import (
     PositionsLayer,
-    check_float,
     check_position_args,
     check_positions,
+    check_qk_shape,
     differ,
     exact_sin_cos,
     float32_angles,
     lookup,
     normalize_seq_dim,
     positions_or_range,
-    static_shape,
 )
 
 
@@ -140,14 +139,7 @@ class RotaryEmbedding(PositionsLayer):
 
     def _check_qk(self, name: str, t) -> tuple:
         """``t`` must be floating ``(..., S, D)`` with ``D >= dim``; returns its static shape."""
-        check_float(name, t)
-        shape = static_shape(t)
-        if len(shape) < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., S, D), got shape {shape}")
-        if shape[-1] is not None and shape[-1] < self.dim:
-            raise ValueError(f"{name} has head dim {shape[-1]} < rotary dim {self.dim}; build the layer "
-                             f"with a rotary dim <= the head dim")
-        return shape
+        return check_qk_shape(name, t, self.dim, f"rotary dim {self.dim}", "a rotary dim <= the head dim")
 
     def _check_call(self, q, k, positions, offset, seq_dim, seq_len):
         """Checks of a call; returns ``(seq_axis, positions, offset, seq_len)``, validated."""
