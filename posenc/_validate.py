@@ -12,6 +12,13 @@ from collections.abc import Iterable
 from typing import Any
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a bool (not merely truthy: ``1`` or ``"yes"`` is refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__}); pass True or False")
+    return value
+
+
 def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
     """Return ``value`` as an int, rejecting bools, floats and values below ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -106,8 +106,7 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def _check_options(causal, dropout_p, scale, backend, head_dim: int) -> tuple[float, float]:
     """Validated ``(dropout_p, scale)``."""
     _validate.check_choice("backend", backend, ATTENTION_BACKENDS)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    _validate.check_bool("causal", causal)
     dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)
     if dropout_p >= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
@@ -288,10 +287,8 @@ def attention(
     dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
     _check_encoding(encoding)
     attn_mask = _attn_mask(attn_mask, q, k)
-    if not isinstance(keys_rotated, bool):
-        raise TypeError(f"keys_rotated must be a bool, got {keys_rotated!r}")
-    if not isinstance(assume_in_table, bool):
-        raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+    _validate.check_bool("keys_rotated", keys_rotated)
+    _validate.check_bool("assume_in_table", assume_in_table)
     seq_len = check_seq_len(seq_len)                  # checked even where the encoding does not read it
     axes = getattr(encoding, "position_axes", None) if not isinstance(encoding, torch.Tensor) else None
     if axes is None:

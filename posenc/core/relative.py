@@ -26,8 +26,7 @@ from posenc import _validate
 def check_bucket_args(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, bool]:
     num_buckets = _validate.check_int("num_buckets", num_buckets, minimum=2)
     max_distance = _validate.check_int("max_distance", max_distance, minimum=1)
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
+    _validate.check_bool("bidirectional", bidirectional)
     per_side = num_buckets // 2 if bidirectional else num_buckets
     if per_side < 2:
         raise ValueError(

@@ -245,8 +245,7 @@ class YarnScaling(RopeScaling):
             value = getattr(self, field)
             if value is not None:
                 object.__setattr__(self, field, _validate.check_float(field, value, minimum=0.0))
-        if not isinstance(self.truncate, bool):
-            raise TypeError(f"truncate must be a bool, got {self.truncate!r}")
+        _validate.check_bool("truncate", self.truncate)
 
     def attention_factor(self) -> float:
         if self.attention_factor_override is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from posenc import _validate
 from posenc._torch.checks import check_float_dtype, check_same_device
 from posenc.core import alibi as core_alibi
 from posenc.functional.relative import relative_distances
@@ -55,8 +56,7 @@ def alibi_bias(
                  [-0.5000,  0.0000,  0.5000],
                  [-1.0000, -0.5000,  0.0000]]])
     """
-    if not isinstance(symmetric, bool):
-        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    _validate.check_bool("symmetric", symmetric)
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.dtype.is_floating_point:
         raise TypeError(f"slopes must be a 1-D floating tensor (H,), got {slopes!r:.60}")
     check_float_dtype("dtype", dtype)

@@ -193,8 +193,7 @@ def apply_axial_rope(
             f"sum(axes_dims) = {sum(dims)} exceeds x's feature dim {x.shape[-1]}; the axes share one head: pass "
             f"axes_dims summing to at most {x.shape[-1]}"
         )
-    if not isinstance(inplace, bool):
-        raise TypeError(f"inplace must be a bool, got {inplace!r}")
+    _validate.check_bool("inplace", inplace)
     if inplace:
         check_inplace("x", x)
     perm, inverse = half_index(dims, x.shape[-1], x.device)

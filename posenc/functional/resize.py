@@ -166,8 +166,7 @@ def resize_position_embedding(
         rank = "1-D table (new_size an int)" if modes is RESIZE_MODES_1D else "2-D grid (new_size a pair)"
         raise ValueError(f"mode={mode!r} is not a mode of a {rank}; pass one of {', '.join(map(repr, modes))}")
     _validate.check_choice("mode", mode, modes)
-    if not isinstance(antialias, bool):
-        raise TypeError(f"antialias must be a bool, got {antialias!r} ({type(antialias).__name__})")
+    _validate.check_bool("antialias", antialias)
     kernel = _ON_ONE_AXIS.get(mode, mode)
     if antialias and kernel not in _SMOOTH:
         raise ValueError(

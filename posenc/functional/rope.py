@@ -276,8 +276,7 @@ def apply_rope(
     """
     h = _check_rope_args(x, cos, sin, layout)
     backend = check_rope_backend(backend)
-    if not isinstance(inplace, bool):
-        raise TypeError(f"inplace must be a bool, got {inplace!r}")
+    _validate.check_bool("inplace", inplace)
     if inplace and not torch.compiler.is_compiling():
         check_inplace("x", x)
     engine = "torch"
@@ -347,10 +346,8 @@ def apply_rope_qk(
         _validate.check_choice("layout", layout, ROPE_LAYOUTS)
     if backend not in ROPE_BACKENDS:
         check_rope_backend(backend)
-    if not isinstance(assume_in_table, bool):
-        raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
-    if not isinstance(inplace, bool):
-        raise TypeError(f"inplace must be a bool, got {inplace!r}")
+    _validate.check_bool("assume_in_table", assume_in_table)
+    _validate.check_bool("inplace", inplace)
     seq_len = q.shape[sd]
     positions, offset = check_position_args(positions, offset, seq_len, q.shape[0] if sd > 0 else None, q.device)
     _check_in_table(positions, offset, seq_len, cos.shape[0], assume_in_table)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from posenc import _validate
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
@@ -96,8 +97,7 @@ def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> tor
             with ``alibi_bias_max`` other than 8, multimodal RoPE with a length-dependent scaling rule).
     """
     model_type = _model_type(model)
-    if not isinstance(assume_in_table, bool):
-        raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+    _validate.check_bool("assume_in_table", assume_in_table)
     if getattr(model, _PATCH_ATTR, None):
         return model
     patches: list = []

@@ -90,8 +90,7 @@ class TinyTransformer(nn.Module):
         if self.dim % self.num_heads or (self.dim // self.num_heads) % 2:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads} into an even head dim")
         self.encoding = _validate.check_choice("encoding", encoding, ENCODINGS)
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {causal!r}")
+        _validate.check_bool("causal", causal)
         self.causal = causal
         self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
         head_dim = self.dim // self.num_heads

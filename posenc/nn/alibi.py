@@ -38,8 +38,7 @@ class AlibiBias(TableModule):
     def __init__(self, num_heads: int, *, symmetric: bool = False, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
-        if not isinstance(symmetric, bool):
-            raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+        _validate.check_bool("symmetric", symmetric)
         self.symmetric = symmetric
         self.register_buffer("slopes", torch.empty(self.num_heads, dtype=torch.float64, device=device), persistent=False)
         self.reset_buffers()

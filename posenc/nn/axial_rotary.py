@@ -117,8 +117,7 @@ class AxialRotaryEmbedding(TableModule):
         self.axes_dims = core_axial.check_axes_dims(axes_dims)
         self.n_axes = self.position_axes = len(self.axes_dims)
         self.dim = sum(self.axes_dims)
-        if not isinstance(learned, bool):
-            raise TypeError(f"learned must be a bool, got {learned!r}")
+        _validate.check_bool("learned", learned)
         self.learned = learned
         default_base = core_axial.MIXED_BASE if learned else 10000.0
         self.base = default_base if base is None else _validate.check_float("base", base, positive=True)
@@ -275,10 +274,8 @@ class AxialRotaryEmbedding(TableModule):
                 their range is not read from the device (the lookup stays bounds-checked).
         """
         sd = check_qk(q, k, seq_dim, self.dim)
-        if type(inplace) is not bool:
-            raise TypeError(f"inplace must be a bool, got {inplace!r}")
-        if type(assume_in_table) is not bool:
-            raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+        _validate.check_bool("inplace", inplace)
+        _validate.check_bool("assume_in_table", assume_in_table)
         if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
             qr, kr = self.forward(q, k, positions=positions, cos_sin=cos_sin, seq_dim=sd,
                                   assume_in_table=assume_in_table)

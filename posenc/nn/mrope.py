@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from posenc import _validate
 from posenc._torch.angles import exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import (
@@ -191,8 +192,7 @@ class MultimodalRotaryEmbedding(TableModule):
         if positions.device != self.cos_table.device:
             check_same_device("positions", positions, "the tables", self.cos_table.device)
         check_float_dtype("dtype", dtype)
-        if type(assume_in_table) is not bool:
-            raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+        _validate.check_bool("assume_in_table", assume_in_table)
         table = from_table("positions", positions, self.max_seq_len, table_ok=dtype == torch.float32,
                            assume=assume_in_table)
         return self._rows(positions, table, dtype)
@@ -254,10 +254,8 @@ class MultimodalRotaryEmbedding(TableModule):
             assume_in_table: promise that every position lies in ``[0, max_seq_len)``.
         """
         sd = check_qk(q, k, seq_dim, self.dim)
-        if type(inplace) is not bool:
-            raise TypeError(f"inplace must be a bool, got {inplace!r}")
-        if type(assume_in_table) is not bool:
-            raise TypeError(f"assume_in_table must be a bool, got {assume_in_table!r}")
+        _validate.check_bool("inplace", inplace)
+        _validate.check_bool("assume_in_table", assume_in_table)
         if inplace and inplace_pair_overlaps(q, k):                      # views of one buffer: rotate, then copy
             qr, kr = self.forward(q, k, positions=positions, offset=offset, cos_sin=cos_sin, seq_dim=sd,
                                   assume_in_table=assume_in_table)

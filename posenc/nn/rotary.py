@@ -270,8 +270,7 @@ class RotaryEmbedding(TableModule):
         this directly when queries and keys sit at different positions (a query after cached keys).
         ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
         """
-        if not isinstance(key, bool):
-            raise TypeError(f"key must be a bool, got {key!r}")
+        _validate.check_bool("key", key)
         sd = check_qk(x, None, seq_dim, self.dim)
         return self._rotate_checked(x, None, sd, positions, offset, seq_len, assume_in_table, inplace, key)[0]
 
@@ -288,10 +287,8 @@ class RotaryEmbedding(TableModule):
         positions, offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None, device)
         if seq_len is not None:
             seq_len = check_seq_len(seq_len)
-        if type(assume) is not bool:
-            raise TypeError(f"assume_in_table must be a bool, got {assume!r}")
-        if type(inplace) is not bool:
-            raise TypeError(f"inplace must be a bool, got {inplace!r}")
+        _validate.check_bool("assume_in_table", assume)
+        _validate.check_bool("inplace", inplace)
         tracing = torch.compiler.is_compiling()
         if not tracing and not length:
             return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))

@@ -174,8 +174,7 @@ class SinusoidalEncoding(TableModule):
         check_embeddings(x, self.dim)
         check_same_device("x", x, "the tables", self.table_main.device)
         positions, offset = check_position_args(positions, offset, x.shape[-2], x.shape[0] if x.dim() == 3 else None, x.device)
-        if not isinstance(inplace, bool):
-            raise TypeError(f"inplace must be a bool, got {inplace!r}")
+        _validate.check_bool("inplace", inplace)
         if inplace and not torch.compiler.is_compiling():
             check_inplace("x", x)
         if self.scale != 1.0 and abs(self.scale) > torch.finfo(x.dtype).max:
