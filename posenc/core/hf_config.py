@@ -28,8 +28,9 @@ Qwen3-VL               default rule), ``mrope_interleaved``, ``text_config``; fo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from posenc import _validate
 from posenc.core.mrope import check_mrope_section
@@ -45,7 +46,19 @@ from posenc.core.rope import (
 
 _KNOWN = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "su", "proportional")
 #: Model types whose RoPE pairs features (2i, 2i + 1); the others pair (i, i + d/2).
-INTERLEAVED_MODEL_TYPES = ("gptj", "cohere", "cohere2", "glm", "glm4", "deepseek_v2", "deepseek_v3")
+INTERLEAVED_MODEL_TYPES = (
+    "gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "deepseek_v2", "deepseek_v3", "ernie4_5",
+    "ernie4_5_moe", "helium", "moonshine",
+)
+#: Model types known to pair features (i, i + d/2) (transformers' ``rotate_half``).  Other model
+#: types not in :data:`INTERLEAVED_MODEL_TYPES` are assumed to, as most transformers models do.
+HALF_MODEL_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+    "gemma3_text", "phi", "phi3", "gpt_neox", "gpt_neox_japanese", "persimmon", "starcoder2", "stablelm", "olmo",
+    "olmo2", "granite", "falcon", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text",
+)
+
+_log = logging.getLogger("posenc")
 
 
 def config_dict(config: object) -> dict[str, Any]:
@@ -222,20 +235,104 @@ def _scaling(rule: str, params: Mapping[str, Any], config: Mapping[str, Any]) ->
     )
 
 
+class RopeLayoutSource(NamedTuple):
+    """The RoPE pair layout a configuration implies, and why (from :func:`describe_rope_layout`)."""
+
+    #: ``"half"`` or ``"interleaved"``.
+    layout: str
+    #: Where it comes from, for messages: the config class, model type and head dims.
+    reason: str
+    #: Whether the model type names the layout (False: assumed, the model type is missing or unknown).
+    known: bool
+
+
+def _dims_note(config: Mapping[str, Any], rotary_dim: int | None) -> str:
+    """``head_dim=...`` (and the rotary part of the head) as far as the config states them, for messages."""
+
+    def count(key: str) -> int | None:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    head = count("head_dim")
+    if head is None:
+        hidden, heads = count("hidden_size") or count("n_embd"), count("num_attention_heads") or count("n_head")
+        head = hidden // heads if hidden and heads else None
+    if count("qk_rope_head_dim") is not None:                     # DeepSeek: a rotary part beside the rest
+        return f"qk_rope_head_dim={count('qk_rope_head_dim')}"
+    rotary = rotary_dim if rotary_dim is not None else count("rotary_dim")
+    parts = [] if head is None else [f"head_dim={head}"]
+    if rotary is not None and rotary != head:
+        parts.append(f"rotary_dim={rotary}")
+    return ", ".join(parts)
+
+
+def describe_rope_layout(config: object, *, rotary_dim: int | None = None) -> RopeLayoutSource:
+    """The pair layout a configuration implies, with the reason as :func:`rope_layout_from_hf` logs it.
+
+    Args:
+        config: a ``transformers`` ``PretrainedConfig`` or a ``config.json`` dict.
+        rotary_dim: the rotated features per head, when known, to name in the reason.
+
+    Examples:
+        >>> found = describe_rope_layout({"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64})
+        >>> found.layout, found.known
+        ('interleaved', True)
+        >>> found.reason
+        "config dict, model_type='gptj', head_dim=256, rotary_dim=64: the model pairs adjacent features (2i, 2i + 1)"
+    """
+    source = "config dict" if isinstance(config, Mapping) else type(config).__name__
+    config = config_dict(config)
+    model_type = config.get("model_type")
+    dims = _dims_note(config, rotary_dim)
+    where = f"{source}, model_type={model_type!r}" + (f", {dims}" if dims else "")
+    adjacent, split = "the model pairs adjacent features (2i, 2i + 1)", "transformers rotates half-split pairs (i, i + d/2)"
+    if model_type == "deepseek_v3":                                    # the model tests the flag's truth
+        if "rope_interleave" in config and not config["rope_interleave"]:
+            return RopeLayoutSource("half", f"{where}, rope_interleave={config['rope_interleave']!r}: {split}", True)
+        flag = f"rope_interleave={config['rope_interleave']!r}" if "rope_interleave" in config else \
+            "rope_interleave unset (default true)"
+        return RopeLayoutSource("interleaved", f"{where}, {flag}: {adjacent}", True)
+    if model_type in INTERLEAVED_MODEL_TYPES:
+        return RopeLayoutSource("interleaved", f"{where}: {adjacent}", True)
+    if model_type in HALF_MODEL_TYPES:
+        return RopeLayoutSource("half", f"{where}: {split}", True)
+    if not isinstance(model_type, str) or not model_type:
+        return RopeLayoutSource(
+            "half", f"{where}: the config names no model type, so posenc assumes transformers' half-split pairs "
+                    f"(i, i + d/2)", False)
+    return RopeLayoutSource(
+        "half", f"{where}: a model type posenc has no layout on record for, so it assumes transformers' half-split "
+                f"pairs (i, i + d/2); if the model's rotate_half pairs x[..., 0::2] with x[..., 1::2], pass "
+                f"layout='interleaved'", False)
+
+
 def rope_layout_from_hf(config: object) -> str:
     """The pair layout a model family uses: ``"interleaved"`` (pairs ``2i, 2i + 1``: GPT-J, Cohere,
     GLM, DeepSeek-V2/V3 unless ``rope_interleave`` is false) or ``"half"`` (pairs ``i, i + d/2``:
     Llama, Mistral, Qwen, Gemma, Phi-3, GPT-NeoX and most others).
 
+    The layout and the reason are logged at ``INFO`` level on the ``"posenc"`` logger.  Weights
+    from a checkpoint of the other layout (Meta's original Llama code, rotary-embedding-torch and
+    torchtune pair adjacent features) must be converted once:
+    ``posenc.convert_rope_weight(w, num_heads, src="interleaved", dst="half")``.
+
     Examples:
         >>> rope_layout_from_hf({"model_type": "gptj"}), rope_layout_from_hf({"model_type": "llama"})
         ('interleaved', 'half')
     """
-    config = config_dict(config)
-    model_type = config.get("model_type")
-    if model_type == "deepseek_v3" and config.get("rope_interleave") is False:
-        return "half"
-    return "interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half"
+    found = describe_rope_layout(config)
+    if _log.isEnabledFor(logging.INFO):
+        _log.info("rope_layout_from_hf: layout=%r (%s); %s", found.layout, found.reason, conversion_hint(found.layout))
+    return found.layout
+
+
+def conversion_hint(layout: str) -> str:
+    """One line on moving weights of the other layout into ``layout`` (for posenc's messages)."""
+    other = "interleaved" if layout == "half" else "half"
+    who = ("weights from Meta's original Llama code, rotary-embedding-torch or torchtune pair adjacent features"
+           if layout == "half" else "weights trained with half-split pairs (transformers' rotate_half)")
+    return (f"{who}: convert them once with posenc.convert_rope_weight(w, num_heads, src={other!r}, "
+            f"dst={layout!r})")
 
 
 def _mrope_config(config: object) -> dict[str, Any]:

@@ -19,6 +19,7 @@ inputs) and rounds once to the input dtype.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -57,6 +58,8 @@ __all__ = [
     "rope_cos_sin",
     "rope_inv_freq",
 ]
+
+_log = logging.getLogger("posenc")
 
 
 def rope_inv_freq(
@@ -157,7 +160,12 @@ def convert_rope_weight(
     scores as a ``"half"`` model (Hugging Face) whose projection rows are permuted within every
     head by :func:`layout_permutation` (the permutation of transformers' ``convert_llama_weights``).
     Only the first ``rotary_dim`` rows of each head move.  Under GQA, convert q with the query head
-    count and k with the key/value head count.
+    count and k with the key/value head count.  What was converted (layouts, heads, head dim) is
+    logged at ``INFO`` level on the ``"posenc"`` logger.
+
+    To load Meta's original Llama weights (or rotary-embedding-torch / torchtune ones, which pair
+    adjacent features too) into a ``layout="half"`` model, convert its q and k projections once:
+    ``convert_rope_weight(w, num_heads, src="interleaved", dst="half")``.
 
     Args:
         weight: ``(num_heads * head_dim, in_features)`` projection weight, or its ``(num_heads * head_dim,)`` bias.
@@ -166,7 +174,17 @@ def convert_rope_weight(
         rotary_dim: rotated features per head (default: the whole head).
 
     Returns:
-        The permuted copy, same shape.
+        The permuted copy, same shape (an unchanged copy when ``src == dst``).
+
+    Raises:
+        TypeError: ``weight`` is not a 1-D or 2-D tensor.
+        ValueError: an unknown layout, rows that do not split into ``num_heads`` heads, or a
+            ``rotary_dim`` that is odd or larger than the head dim.
+
+    Examples:
+        >>> w = torch.arange(4.0)[:, None]                 # one head of 4 rows: pairs (0, 1), (2, 3)
+        >>> convert_rope_weight(w, 1, src="interleaved", dst="half").flatten()
+        tensor([0., 2., 1., 3.])
     """
     _validate.check_choice("src", src, ROPE_LAYOUTS)
     _validate.check_choice("dst", dst, ROPE_LAYOUTS)
@@ -184,6 +202,8 @@ def convert_rope_weight(
     rotary_dim = head_dim if rotary_dim is None else _validate.check_int("rotary_dim", rotary_dim, minimum=2)
     if rotary_dim % 2 or rotary_dim > head_dim:
         raise ValueError(f"rotary_dim must be even and <= head_dim={head_dim}, got {rotary_dim}")
+    if _log.isEnabledFor(logging.INFO):
+        _log.info("%s", _conversion_note(weight, num_heads, head_dim, rotary_dim, src, dst))
     if src == dst:
         return weight.clone()
     perm = layout_permutation(rotary_dim, device=weight.device)
@@ -194,7 +214,21 @@ def convert_rope_weight(
     return heads[:, index].reshape(weight.shape)
 
 
-def _check_rope_args(x: object, cos: object, sin: object, layout: object) -> int:
+def _conversion_note(weight: torch.Tensor, num_heads: int, head_dim: int, rotary_dim: int, src: str, dst: str) -> str:
+    """What :func:`convert_rope_weight` does with ``weight``, for the ``"posenc"`` log."""
+    kind = "bias" if weight.dim() == 1 else "weight"
+    split = (f"a {tuple(weight.shape)} {kind} (num_heads={num_heads} heads of head_dim={head_dim}"
+             + (f", rotary_dim={rotary_dim})" if rotary_dim != head_dim else ")"))
+    if src == dst:
+        other = "interleaved" if src == "half" else "half"
+        return (f"convert_rope_weight: src and dst are both {src!r}: nothing to reorder, returning an unchanged copy "
+                f"of {split}; if the checkpoint pairs features the other way, pass src={other!r}")
+    return (f"convert_rope_weight: src={src!r} -> dst={dst!r} for {split}: the first {rotary_dim} rows of each head "
+            f"are reordered, so the result rotates correctly with layout={dst!r}; a wrong num_heads reorders the "
+            f"wrong rows: pass this projection's own head count (for k under GQA, the key/value head count)")
+
+
+def _check_rope_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> int:
     """Check ``apply_rope``'s tensors; returns ``h = cos.shape[-1]``."""
     _validate.check_choice("layout", layout, ROPE_LAYOUTS)
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
@@ -355,14 +389,14 @@ def apply_rope_qk(
     if kernel_possible(backend, q):
         why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
     engine = rope_engine(resolve_rope_backend(backend, q, why))
-    if inplace and inplace_pair_overlaps(q, k):                         # views of one buffer: rotate, then copy
+    if inplace and inplace_pair_overlaps(q, k) and k is not None:       # views of one buffer: rotate, then copy
         qr, kr = engine(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd,
                         inplace=False)
         return q.copy_(qr), k.copy_(kr)
     return engine(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd, inplace=inplace)
 
 
-def _table_rotary_dim(cos: object, sin: object) -> int:
+def _table_rotary_dim(cos: torch.Tensor, sin: torch.Tensor) -> int:
     """Check ``(P, d/2)`` cos/sin tables; returns the rotary dim ``d``."""
     for name, t in (("cos", cos), ("sin", sin)):
         if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point):

@@ -33,14 +33,17 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import types
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 
 from posenc import _validate
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
+from posenc.core import hf_config as core_hf_config
 from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
 from posenc.nn import MultimodalRotaryEmbedding, RotaryEmbedding
 
@@ -54,6 +57,8 @@ SUPPORTED_MODEL_TYPES = (*_ROPE_TYPES, *_MROPE_TYPES, "gptj", "bloom", "mpt", "t
 #: Rows precomputed per rotary table; positions past them are computed exactly on the fly.
 _MAX_TABLE_ROWS = 1 << 14
 _PATCH_ATTR = "_posenc_patches"
+
+_log = logging.getLogger("posenc")
 
 
 def _model_type(model: torch.nn.Module) -> str:
@@ -72,7 +77,7 @@ def _set(patches: list, obj: object, name: str, value: object) -> None:
     had = name in vars(obj) or (isinstance(obj, torch.nn.Module) and name in obj._buffers)
     patches.append((obj, name, had, getattr(obj, name) if had else None))
     if isinstance(obj, torch.nn.Module) and name in obj._buffers:
-        obj._buffers[name] = value
+        obj._buffers[name] = cast(torch.Tensor, value)                      # only tables replace buffers
     else:
         setattr(obj, name, value)
 
@@ -82,6 +87,12 @@ def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> tor
 
     Supported: the model types in :data:`SUPPORTED_MODEL_TYPES` (any head, e.g. ``...ForCausalLM``
     or the bare model).  Anything else raises ``ValueError`` naming them.  Patching twice is a no-op.
+
+    For RoPE models the pair layout the model's own code rotates with (``"half"`` or
+    ``"interleaved"``, read from the model type) and the rotary dims are logged at ``INFO`` level on
+    the ``"posenc"`` logger.  Patching changes cos/sin only, never the weights: a checkpoint of the
+    other layout must be converted before loading it, e.g. Meta's original Llama weights with
+    ``posenc.convert_rope_weight(w, num_heads, src="interleaved", dst="half")`` for q and k.
 
     Args:
         model: a loaded transformers model.
@@ -103,7 +114,7 @@ def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> tor
     patches: list = []
     try:
         if model_type in _ROPE_TYPES:
-            _patch_rotary(model, patches, assume_in_table)
+            _patch_rotary(model, model_type, patches, assume_in_table)
         elif model_type in _MROPE_TYPES:
             _patch_mrope(model, patches, assume_in_table)
         elif model_type == "gptj":
@@ -157,8 +168,21 @@ def _restore(patches: list) -> None:
 
 # ---- RoPE families ----------------------------------------------------------------------------------
 
-def _patch_rotary(model: torch.nn.Module, patches: list, assume_in_table: bool) -> None:
-    interleaved_cos = model.config.model_type == "cohere"                    # cos/sin repeated per pair
+def _log_rope_layout(model: torch.nn.Module, rotary_dim: int, what: str) -> None:
+    """The INFO record of :func:`patch_model` for a RoPE model: the layout its code rotates with."""
+    if not _log.isEnabledFor(logging.INFO):
+        return
+    found = core_hf_config.describe_rope_layout(getattr(model, "config", None), rotary_dim=rotary_dim)
+    _log.info(
+        "patch_model: %s: layout=%r (%s); posenc now supplies %s, the model's own attention code rotates q and k "
+        "in this layout and its weights are used as they are; %s",
+        type(model).__name__, found.layout, found.reason, what, core_hf_config.conversion_hint(found.layout),
+    )
+
+
+def _patch_rotary(model: torch.nn.Module, model_type: str, patches: list, assume_in_table: bool) -> None:
+    interleaved_cos = model_type == "cohere"                                 # cos/sin repeated per pair
+    count, kinds, rotary_dims = 0, set[str](), set[int]()              # what the INFO record reports
     for name, module in model.named_modules():
         if not type(module).__name__.endswith("RotaryEmbedding") or not hasattr(module, "config"):
             continue
@@ -172,6 +196,16 @@ def _patch_rotary(model: torch.nn.Module, patches: list, assume_in_table: bool) 
         })
         _set(patches, module, "_posenc_tables", tables)
         _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
+        count += 1
+        kinds.update(t for t in layer_types if t is not None)
+        rotary_dims.update(cast(_HFRotaryTables, t).rope.dim for t in tables.values())
+    if count:
+        per_type = f" (one table per layer type: {', '.join(sorted(kinds))})" if kinds else ""
+        _log_rope_layout(model, max(rotary_dims), f"the cos/sin of {_modules(count, 'rotary module')}{per_type}")
+
+
+def _modules(count: int, what: str) -> str:
+    return f"its {what}" if count == 1 else f"{count} {what}s"
 
 
 class _HFRotaryTables(TableModule):
@@ -180,6 +214,8 @@ class _HFRotaryTables(TableModule):
     float32 when the model is cast (``model.to(torch.bfloat16)``)."""
 
     _table_buffers = ("cos", "sin")
+    cos: torch.Tensor
+    sin: torch.Tensor
 
     def __init__(self, config, layer_type: str | None, interleaved_cos: bool, assume_in_table: bool) -> None:
         super().__init__()
@@ -225,9 +261,11 @@ def _patch_mrope(model: torch.nn.Module, patches: list, assume_in_table: bool) -
                 and hasattr(module, "config")):
             continue
         device = next((b.device for b in module.buffers()), torch.device("cpu"))
-        tables = torch.nn.ModuleDict({"None": _HFMropeTables(module.config, assume_in_table).to(device)})
+        mrope = _HFMropeTables(module.config, assume_in_table).to(device)
+        tables = torch.nn.ModuleDict({"None": mrope})
         _set(patches, module, "_posenc_tables", tables)
         _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
+        _log_rope_layout(model, mrope.rope.dim, "the multimodal cos/sin of the text model's rotary module")
 
 
 class _HFMropeTables(torch.nn.Module):
@@ -254,6 +292,7 @@ class _HFMropeTables(torch.nn.Module):
 # ---- GPT-J -------------------------------------------------------------------------------------------
 
 def _patch_gptj(model: torch.nn.Module, patches: list) -> None:
+    count, rotary_dim = 0, 0
     for module in model.modules():
         table = module._buffers.get("embed_positions", vars(module).get("embed_positions"))   # a buffer (5.x) or not
         if not isinstance(table, torch.Tensor):
@@ -262,6 +301,9 @@ def _patch_gptj(model: torch.nn.Module, patches: list) -> None:
         rope = RotaryEmbedding(dim, max_seq_len=rows, layout="interleaved", device=table.device)
         exact = torch.cat([rope.sin_table, rope.cos_table], -1).to(table.dtype)   # [sin | cos], as GPT-J stores it
         _set(patches, module, "embed_positions", exact.reshape(table.shape))
+        count, rotary_dim = count + 1, dim
+    if count:
+        _log_rope_layout(model, rotary_dim, f"the sin/cos tables of {_modules(count, 'attention layer')}")
 
 
 # ---- ALiBi: BLOOM and MPT ------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import warnings
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -24,10 +26,23 @@ from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
+from posenc.core.notices import LayoutWarning
 from posenc.kernels import rope_engine
 from posenc.kernels.torch_rope import pack_tables, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
+
+_log = logging.getLogger("posenc")
+
+
+class _LengthRule(Protocol):
+    """What a length-dependent scaling rule (dynamic NTK, LongRoPE) offers beyond :class:`RopeScaling`."""
+
+    original_max_seq_len: int
+
+    def frequencies(self, dim: int, base: float, seq_len: int | None = None) -> tuple[Any, ...]: ...
+
+    def frequencies_past(self, dim: int, base: float, length: Any, xp: Any) -> Any: ...
 
 
 class RotaryEmbedding(TableModule):
@@ -102,6 +117,10 @@ class RotaryEmbedding(TableModule):
     """
 
     _table_buffers = ("inv_freq_table", "turns", "past_turns", "packed_table")
+    inv_freq_table: torch.Tensor
+    turns: torch.Tensor
+    past_turns: torch.Tensor
+    packed_table: torch.Tensor
     _ignored_state_keys = (
         "inv_freq", "cos_cached", "sin_cached", "_cos_cached", "_sin_cached", "freqs", "freqs_cis", "cache", "theta",
         "original_inv_freq",
@@ -152,17 +171,42 @@ class RotaryEmbedding(TableModule):
         max_seq_len: int = 4096,
         layout: str | None = None,
         backend: str = "auto",
-        device=None,
+        device: torch.device | str | None = None,
     ) -> RotaryEmbedding:
         """Build from a Hugging Face configuration: a ``PretrainedConfig`` or a ``config.json`` dict.
 
         The base, rotary dim and scaling rule come from :func:`posenc.rope_scaling_from_hf` (with
-        ``layer_type`` for per-layer-type models such as Gemma-3); the pair layout from
-        :func:`posenc.rope_layout_from_hf` (the model type) unless ``layout`` is given.
+        ``layer_type`` for per-layer-type models such as Gemma-3); the pair layout from the model
+        type (:func:`posenc.rope_layout_from_hf`) unless ``layout`` is given.  The layout chosen and
+        why are logged at ``INFO`` level on the ``"posenc"`` logger.
+
+        A ``layout`` that contradicts the model type warns with :class:`posenc.LayoutWarning`: the
+        checkpoint's weights rotate with the config's layout.  Fix: leave ``layout`` out, or convert
+        the weights once with ``posenc.convert_rope_weight(w, num_heads, src=<config's>, dst=layout)``.
         """
         base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config, layer_type=layer_type)
+        found = core_hf_config.describe_rope_layout(config, rotary_dim=rotary_dim)
         if layout is None:
-            layout = core_hf_config.rope_layout_from_hf(config)
+            layout = found.layout
+            how = f"layout={layout!r} ({found.reason})"
+        elif not found.known:
+            _validate.check_choice("layout", layout, core_rope.ROPE_LAYOUTS)
+            how = f"layout={layout!r} as given; the config does not settle it ({found.reason})"
+        elif _validate.check_choice("layout", layout, core_rope.ROPE_LAYOUTS) == found.layout:
+            how = f"layout={layout!r} as given, as the config implies ({found.reason})"
+        else:
+            how = f"layout={layout!r} as given, overriding the config's {found.layout!r} ({found.reason})"
+            warnings.warn(
+                f"RotaryEmbedding.from_hf_config: layout={layout!r} contradicts the config, which implies "
+                f"layout={found.layout!r} ({found.reason}); weights trained with this config rotate as "
+                f"{found.layout!r} and give wrong attention scores here unless converted: leave layout= out, or "
+                f"convert them once with posenc.convert_rope_weight(w, num_heads, src={found.layout!r}, "
+                f"dst={layout!r})",
+                LayoutWarning,
+                stacklevel=2,
+            )
+        if _log.isEnabledFor(logging.INFO):
+            _log.info("RotaryEmbedding.from_hf_config: %s; %s", how, core_hf_config.conversion_hint(layout))
         return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, backend=backend,
                    device=device)
 
@@ -175,11 +219,16 @@ class RotaryEmbedding(TableModule):
             self.inv_freq_table.copy_(torch.tensor([float(f) for f in self._freqs], dtype=torch.float64))
             self.turns.copy_(torch.from_numpy(core_exact.turns_split(self._freqs).copy()))
             if self._length_dependent:
-                past = core_rope.frequencies(self.dim, self.base, self.scaling, self.scaling.original_max_seq_len + 1)
+                past = core_rope.frequencies(self.dim, self.base, self.scaling, self._rule.original_max_seq_len + 1)
                 self.past_turns.copy_(torch.from_numpy(core_exact.turns_split(past).copy()))
             c, s = exact_cos_sin(torch.arange(self.max_seq_len, device=device), self.turns, self.attention_factor,
                                  torch.float64)
             self.packed_table.copy_(pack_tables(c, s, self.layout))           # one rounding
+
+    @property
+    def _rule(self) -> _LengthRule:
+        """The scaling rule, read only where it is length-dependent (so not None)."""
+        return cast(_LengthRule, self.scaling)
 
     @property
     def length_dependent(self) -> bool:
@@ -209,13 +258,13 @@ class RotaryEmbedding(TableModule):
         if positions.device != self.packed_table.device:
             check_same_device("positions", positions, "the tables", self.packed_table.device)
         check_float_dtype("dtype", dtype)
-        seq_len = check_seq_len(seq_len)
+        length: Any = check_seq_len(seq_len)              # an int or None; symbolic while tracing
         rng = self._range(positions, False)
         if rng is not None:
             check_position_bounds("positions", *rng)
         if self._length_dependent and torch.compiler.is_compiling():
-            return self._traced_rule_cos_sin(positions, rng, seq_len, dtype)
-        freqs = self._call_frequencies(rng, seq_len)
+            return self._traced_rule_cos_sin(positions, rng, length, dtype)
+        freqs = self._call_frequencies(rng, length)
         if freqs is None and dtype == torch.float32 and self._in_table(rng):
             return table_rows(self.cos_table, positions, 0, 0), table_rows(self.sin_table, positions, 0, 0)
         return self._exact(positions, rng, freqs, dtype)
@@ -415,7 +464,7 @@ class RotaryEmbedding(TableModule):
                     f"positions here (they are traced, promised in the table or empty); pass seq_len="
                 )
             seq_len = rng[1] + 1
-        freqs = self.scaling.frequencies(self.dim, self.base, seq_len)
+        freqs = self._rule.frequencies(self.dim, self.base, seq_len)
         return None if freqs == self._freqs else freqs
 
     def _traced_rule_cos_sin(self, positions: torch.Tensor, rng, seq_len, dtype: torch.dtype):
@@ -436,12 +485,12 @@ class RotaryEmbedding(TableModule):
         else:                                                   # an int or a symbolic int: no specialisation
             length = torch.full((), seq_len, dtype=torch.float64, device=positions.device)
         c_in, s_in = exact_cos_sin(positions, self.turns, self.attention_factor, dtype)
-        past = self.scaling.frequencies_past(self.dim, self.base, length, torch)
+        past = self._rule.frequencies_past(self.dim, self.base, length, torch)
         if past is None:
             c_out, s_out = exact_cos_sin(positions, self.past_turns, self.attention_factor, dtype)
         else:
             c_out, s_out = float64_cos_sin(positions, past, self.attention_factor, dtype)
-        beyond = length > self.scaling.original_max_seq_len
+        beyond = length > self._rule.original_max_seq_len
         return torch.where(beyond, c_out, c_in), torch.where(beyond, s_out, s_in)
 
     def _exact(self, positions: torch.Tensor, rng, freqs, dtype: torch.dtype):
@@ -453,7 +502,8 @@ class RotaryEmbedding(TableModule):
 
     def _xpos_scale(self, positions: torch.Tensor, rng) -> torch.Tensor:
         """``zeta^(p / scale_base)`` per pair, float64 ``positions.shape + (dim/2,)``."""
-        limit = 70 * self.xpos_scale_base
+        scale_base = cast(float, self.xpos_scale_base)                # set: only xPos modules call this
+        limit = 70 * scale_base
         lo, hi = rng if rng is not None else (0, 0)         # unknown only while traced: unchecked there
         if max(-lo, hi) >= limit:
             raise ValueError(
@@ -461,7 +511,7 @@ class RotaryEmbedding(TableModule):
                 f"[{lo}, {hi}]; raise xpos_scale_base"
             )
         log_zeta = torch.from_numpy(core_rope.xpos_zeta(self.dim)).log().to(positions.device)
-        return torch.exp(positions.to(torch.float64)[..., None] / self.xpos_scale_base * log_zeta)
+        return torch.exp(positions.to(torch.float64)[..., None] / scale_base * log_zeta)
 
     def extra_repr(self) -> str:
         parts = [f"{self.dim}", f"max_seq_len={self.max_seq_len}", f"base={self.base:g}", f"layout={self.layout!r}"]
