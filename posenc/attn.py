@@ -47,9 +47,9 @@ class AttentionEncoding(Protocol):
     any, then see token indices).
     """
 
-    def attention_qk(self, q: torch.Tensor, k: torch.Tensor, *, positions: torch.Tensor,
+    def attention_qk(self, q: torch.Tensor, k: torch.Tensor | None, *, positions: torch.Tensor,
                      key_positions: torch.Tensor, seq_len: int | None, offsets: tuple[int | None, int | None],
-                     assume_in_table: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     assume_in_table: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(q, k)`` as attention should see them (rotated, or unchanged); ``k`` is None when the
         keys are already rotated (then ``(q, None)``).
 
@@ -308,14 +308,20 @@ def attention(
         q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=enc_positions,
                                          key_positions=enc_key_positions, seq_len=seq_len, offsets=offsets,
                                          assume_in_table=assume_in_table)
-        k = k if keys_rotated else k_rot
+        if not keys_rotated:
+            if k_rot is None:
+                raise TypeError(
+                    f"{type(encoding).__name__}.attention_qk returned None for the keys it was given; "
+                    f"it must return (q, k), rotated or unchanged"
+                )
+            k = k_rot
     if backend == "flex":
         if attn_mask is not None or dropout_p:
             raise ValueError("backend='flex' takes no attn_mask or dropout_p; use causal/segment_ids, or backend='sdpa'")
         if bias is not None:
             raise ValueError("backend='flex' builds biases itself: pass the AlibiBias/RelativePositionBias module")
         return _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding)
-    if encoding is not None and bias is None:
+    if bias is None and encoding is not None and not isinstance(encoding, torch.Tensor):
         bias = encoding.attention_bias(positions, key_positions, num_heads=H, dtype=q.dtype)
     mask = _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask)
     if H != k.shape[1]:

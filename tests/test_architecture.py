@@ -42,9 +42,20 @@ def _modules():
     return sorted(ROOT.rglob("*.py"))
 
 
+def _type_only(tree: ast.Module) -> set[int]:
+    """ids of the nodes under a top-level ``if TYPE_CHECKING:`` (imports for type checkers, never run)."""
+    return {id(sub) for node in tree.body if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+            and node.test.id == "TYPE_CHECKING" for stmt in node.body for sub in ast.walk(stmt)}
+
+
 def _imports(path: pathlib.Path):
-    """``(module, names)`` for every absolute import in ``path`` (``import a.b`` gives ``("a.b", [])``)."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    """``(module, names)`` for every absolute import in ``path`` (``import a.b`` gives ``("a.b", [])``).
+    The package ``__init__``'s type-only imports are left out: at run time it imports nothing of ours."""
+    tree = ast.parse(path.read_text())
+    skip = _type_only(tree) if path == ROOT / "__init__.py" else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module:
             yield node.module, [a.name for a in node.names]
         elif isinstance(node, ast.Import):

@@ -5,6 +5,8 @@ Each raises ``TypeError``/``ValueError`` naming the argument, the bad value and 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from posenc import _validate
@@ -79,11 +81,11 @@ def check_position_range(name: str, positions: torch.Tensor) -> None:
 def check_offset(offset: object) -> int:
     """An ``offset`` is an int; while tracing it may also be a symbolic int (e.g. ``past_k.shape[2]``)."""
     if type(offset) is int or (isinstance(offset, torch.SymInt) and torch.compiler.is_compiling()):
-        return offset
+        return cast(int, offset)  # a SymInt stands for an int while tracing
     return _validate.check_int("offset", offset)
 
 
-def check_seq_len(seq_len: object) -> object:
+def check_seq_len(seq_len: object) -> int | None:
     """``seq_len`` of a length-dependent rule: None or an int >= 1; while tracing also a symbolic
     int or a 0-d integer tensor (a length known only at run time)."""
     if seq_len is None or type(seq_len) is int and seq_len >= 1:
@@ -92,7 +94,7 @@ def check_seq_len(seq_len: object) -> object:
         isinstance(seq_len, torch.SymInt)
         or isinstance(seq_len, torch.Tensor) and seq_len.dim() == 0 and not seq_len.dtype.is_floating_point
     ):
-        return seq_len
+        return cast(int, seq_len)  # a symbolic length stands for an int while tracing
     return _validate.check_int("seq_len", seq_len, minimum=1)
 
 
@@ -184,7 +186,7 @@ def check_float_dtype(name: str, dtype: object) -> torch.dtype:
         raise TypeError(
             f"{name} must be one of torch.float16, torch.bfloat16, torch.float32, torch.float64; got {dtype!r}"
         )
-    return dtype  # type: ignore[return-value]
+    return dtype
 
 
 def check_float_tensor(name: str, t: object) -> torch.Tensor:
@@ -216,7 +218,7 @@ def check_qk(q: object, k: object, seq_dim: object, rotary_dim: int | None = Non
     least ``rotary_dim`` when given.  (Written for speed: it runs on every decode step.)
     """
     if not (isinstance(q, torch.Tensor) and q.dtype.is_floating_point):
-        check_float_tensor("q", q)
+        q = check_float_tensor("q", q)                                  # raises with the fix
     nd = q.dim()
     if nd < 2:
         raise ValueError(f"q must have at least 2 dims (..., S, D), got shape {tuple(q.shape)}")
@@ -232,7 +234,7 @@ def check_qk(q: object, k: object, seq_dim: object, rotary_dim: int | None = Non
         )
     if k is not None:
         if not (isinstance(k, torch.Tensor) and k.dtype.is_floating_point):
-            check_float_tensor("k", k)
+            k = check_float_tensor("k", k)                              # raises with the fix
         if k.device != q.device:
             check_same_device("k", k, "q", q.device)
         if k.dim() != nd or k.shape[sd] != q.shape[sd] or k.shape[0] != q.shape[0]:

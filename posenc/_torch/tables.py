@@ -28,7 +28,7 @@ class TableModule(nn.Module):
             state_dict.pop(prefix + key, None)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True):  # type: ignore[override]
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True):
         saved = {name: self._buffers.pop(name) for name in self._table_buffers if name in self._buffers}
         try:
             super()._apply(fn, recurse)

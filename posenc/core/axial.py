@@ -168,7 +168,7 @@ def mixed_frequencies(dim: int, n_axes: int, rotations: np.ndarray, base: float 
     return out.reshape(n_axes, rot.shape[0], dim // 2)
 
 
-def mixed_rotations(num_heads: int, n_axes: int, uniform: np.ndarray, normal: np.ndarray) -> np.ndarray:
+def mixed_rotations(num_heads: int, n_axes: int, uniform: np.ndarray, normal: np.ndarray | None) -> np.ndarray:
     """One random rotation per head from caller-drawn random numbers (so that the caller's
     generator decides): two axes use a uniform angle ``2 pi u`` (the paper), more axes a Haar
     rotation of the normals ``(H, n, n)``, one axis the identity."""

@@ -58,7 +58,7 @@ def check_grid_shape(name: str, grid_shape) -> tuple[int, ...]:
     for i, n in enumerate(sizes):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral):
             raise TypeError(f"{name}[{i}] must be an int, got {n!r} ({type(n).__name__}); pass whole grid sizes")
-        if not 1 <= n <= exact.MAX_POSITION:
+        if not 1 <= int(n) <= exact.MAX_POSITION:
             raise ValueError(f"{name}[{i}] must be an int in [1, 2**31], got {n} (in {name}={sizes!r})")
     return tuple(int(n) for n in sizes)
 

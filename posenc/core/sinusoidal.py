@@ -104,7 +104,7 @@ def assemble(sin, cos, dim: int, layout: str, xp=np):
     cat = np.concatenate if xp is np else xp.cat
     if layout == "concat":
         return cat((sin, cos[..., : dim // 2]), -1)
-    parts = (sin, cos)
+    parts: tuple = (sin, cos)                                # NumPy arrays or torch tensors
     if dim % 2:
         pad_shape = lead + (1,)
         parts += (np.zeros(pad_shape) if xp is np else sin.new_zeros(pad_shape),)

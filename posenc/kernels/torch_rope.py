@@ -105,7 +105,7 @@ def _rotate_blocked(src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin
         if direct:
             sc = _complex_view(sb) if use_complex else None
             dc = _complex_view(db) if sc is not None else None
-            if dc is not None:
+            if sc is not None and dc is not None:
                 torch.mul(sc, cis[0], out=dc)
                 continue
             x1, x2 = halves(sb, h, layout)
@@ -221,10 +221,12 @@ def _rotate_pair(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin
     (when known) lets a decode step's q and k share the small path's calls."""
     h = cos.shape[-1]
     if _needs_reference(q, k, cos, sin):
-        return tuple(None if x is None else _reference_call(x, cos, sin, h, layout, inplace) for x in (q, k))
+        q_out = _reference_call(q, cos, sin, h, layout, inplace)
+        return q_out, None if k is None else _reference_call(k, cos, sin, h, layout, inplace)
     if q.numel() <= BLOCK and (k is None or (k.numel() <= BLOCK and k.dtype == q.dtype)):
         return _rotate_small_qk(q, k, _small_factors(cos, sin, layout, q.dtype), h, layout, inplace, seq_dim)
-    return tuple(None if x is None else _rotate_one(x, cos, sin, h, layout, inplace) for x in (q, k))
+    q_out = _rotate_one(q, cos, sin, h, layout, inplace)
+    return q_out, None if k is None else _rotate_one(k, cos, sin, h, layout, inplace)
 
 
 def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
@@ -283,6 +285,8 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
                 k is None or (k.numel() <= BLOCK and k.dtype == q.dtype)):
             return _rotate_small_packed(q, k, packed, positions, offset, seq_len, seq_dim, layout, inplace)
         cos, sin = unpack_tables(packed, layout)
+    elif cos is None or sin is None:
+        raise TypeError("rope_qk needs the tables: cos and sin, or packed")
     c = table_rows(cos, positions, offset, seq_len)
     s = table_rows(sin, positions, offset, seq_len)
     if c.dim() != 2 or seq_dim != nd - 2:

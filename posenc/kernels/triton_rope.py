@@ -172,6 +172,8 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     """
     if packed is not None:
         cos, sin = unpack_tables(packed, layout)
+    elif cos is None or sin is None:
+        raise TypeError("rope_qk needs the tables: cos and sin, or packed")
     if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
         cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
     if positions is not None:

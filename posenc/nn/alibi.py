@@ -33,6 +33,8 @@ class AlibiBias(TableModule):
     """
 
     _table_buffers = ("slopes",)
+    # buffers registered in __init__ (declared here for type checkers)
+    slopes: torch.Tensor
     _ignored_state_keys = ("alibi", "alibi_bias", "bias")
 
     def __init__(self, num_heads: int, *, symmetric: bool = False, device: torch.device | str | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -100,6 +101,13 @@ class AxialRotaryEmbedding(TableModule):
     """
 
     _table_buffers = ("turns", "packed_table", "pair_index", "half_perm", "half_inverse")
+    # buffers registered in __init__ (declared here for type checkers)
+    turns: torch.Tensor
+    packed_table: torch.Tensor
+    pair_index: torch.Tensor
+    half_perm: torch.Tensor
+    half_inverse: torch.Tensor
+    num_heads: int | None
 
     def __init__(
         self,
@@ -180,7 +188,7 @@ class AxialRotaryEmbedding(TableModule):
 
     def reset_parameters(self) -> None:
         """Draw RoPE-Mixed's initial frequencies (learned mode) with torch's generator."""
-        if not self.learned:
+        if not self.learned or self.num_heads is None:                # (learned mode always has num_heads)
             return
         n, heads = self.n_axes, self.num_heads
         # drawn on the CPU generator whatever the default device (meta, cuda) and read as NumPy
@@ -218,7 +226,7 @@ class AxialRotaryEmbedding(TableModule):
 
     def _fixed_rows(self, positions: torch.Tensor, dtype: torch.dtype, assume: bool):
         """``("packed", (..., 2h))`` gathered from the table, or ``("cos_sin", cos, sin)`` computed."""
-        table = self._buffers["packed_table"]
+        table = cast(torch.Tensor, self._buffers["packed_table"])       # fixed mode holds the table
         if from_table("positions", positions, table.shape[0], table_ok=dtype == torch.float32, assume=assume):
             return "packed", self._gather(table, positions)
         c, s = functional_axial.axial_exact_cos_sin(positions, self.turns, self.axes_dims, dtype)
@@ -227,7 +235,7 @@ class AxialRotaryEmbedding(TableModule):
     def _gather(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Packed rows ``(..., 2h)``: pair ``j`` reads coordinate ``positions[..., axis(j)]``."""
         h = self.dim // 2
-        axis, pair = self._buffers["pair_index"]
+        axis, pair = cast(torch.Tensor, self._buffers["pair_index"])
         index = positions.index_select(-1, axis) * h + pair                          # (..., h)
         try:
             out = torch.embedding(table.view(-1, 2), index)                          # (..., h, 2)
@@ -279,7 +287,7 @@ class AxialRotaryEmbedding(TableModule):
         if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
             qr, kr = self.forward(q, k, positions=positions, cos_sin=cos_sin, seq_dim=sd,
                                   assume_in_table=assume_in_table)
-            return q.copy_(qr), k.copy_(kr)
+            return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
         if self.learned:
             self._check_learned_heads(q, k, sd)
         rows = self._call_rows(q, sd, positions, cos_sin, assume_in_table)

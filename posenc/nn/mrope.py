@@ -84,6 +84,13 @@ class MultimodalRotaryEmbedding(TableModule):
     """
 
     _table_buffers = ("inv_freq_table", "turns_by_axis", "cos_table", "sin_table")
+    # buffers registered in __init__ (declared here for type checkers)
+    inv_freq_table: torch.Tensor
+    turns_by_axis: torch.Tensor
+    slot_axis: torch.Tensor
+    slot_order: torch.Tensor
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
     _ignored_state_keys = ("inv_freq", "original_inv_freq", "cos_cached", "sin_cached")
 
     def __init__(
@@ -259,7 +266,7 @@ class MultimodalRotaryEmbedding(TableModule):
         if inplace and inplace_pair_overlaps(q, k):                      # views of one buffer: rotate, then copy
             qr, kr = self.forward(q, k, positions=positions, offset=offset, cos_sin=cos_sin, seq_dim=sd,
                                   assume_in_table=assume_in_table)
-            return q.copy_(qr), k.copy_(kr)
+            return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
         length = q.shape[sd]
         batch = q.shape[0] if sd > 0 else None
         device = q.device
@@ -290,7 +297,7 @@ class MultimodalRotaryEmbedding(TableModule):
                 raise ValueError(f"positions are on {positions.device} but q on {device}; move them with .to()")
             known = None
         if not tracing and not length:
-            return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
+            return (q if inplace else q.clone()), (None if k is None else (k if inplace else k.clone()))
         work = working_dtype(q.dtype)
         table = from_table("positions", positions, self.max_seq_len, table_ok=work == torch.float32,
                            assume=assume_in_table, known=known)

@@ -71,6 +71,11 @@ class SinusoidalEncodingND(TableModule):
     adds_to_embeddings = True
 
     _table_buffers = ("table_main", "table_bfloat16", "table_float16", "axis_sin_cos")
+    # buffers registered in __init__ (declared here for type checkers)
+    table_main: torch.Tensor
+    table_bfloat16: torch.Tensor
+    table_float16: torch.Tensor
+    axis_sin_cos: torch.Tensor
 
     def __init__(
         self,

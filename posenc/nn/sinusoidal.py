@@ -69,6 +69,11 @@ class SinusoidalEncoding(TableModule):
     adds_to_embeddings = True
 
     _table_buffers = ("table_main", "table_bfloat16", "table_float16", "turns")
+    # buffers registered in __init__ (declared here for type checkers)
+    table_main: torch.Tensor
+    table_bfloat16: torch.Tensor
+    table_float16: torch.Tensor
+    turns: torch.Tensor
     # persistent table buffers of common implementations (seed 001, the PyTorch tutorial, fairseq)
     _ignored_state_keys = ("pe", "positional_encodings", "positional_encoding", "_float_tensor")
 
