@@ -3,6 +3,10 @@
 Data goes to stdout, messages to stderr.  Exit status: 0 on success, 2 for a bad command line
 (the message names the option, the bad value and what is accepted), 1 when the work itself fails
 (an output that cannot be written, a missing optional dependency).
+
+Building the parser imports neither torch nor matplotlib: ``posenc --help``, ``posenc list`` and
+``posenc table`` run on NumPy alone (``table`` uses the framework-free maths of
+:mod:`posenc.core`), and ``compare`` and ``plot`` import torch only once they run.
 """
 
 from __future__ import annotations
@@ -18,11 +22,18 @@ import pathlib
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
+
+from posenc.core import sinusoidal as core_sinusoidal
 from posenc.core.exact import MAX_POSITION
 from posenc.core.sinusoidal import SINUSOIDAL_LAYOUTS
+from posenc.lab.registry import ENCODINGS
 
 FORMATS = ("torch", "csv", "json", "markdown")
+#: Where ``posenc compare`` trains and evaluates.
+DEVICES = ("cpu", "cuda")
 
 #: Cells (rows x columns) a printed table or a plot may hold: 10**7 cells already make about
 #: 200 MB of CSV or JSON text and need about 1 GB of memory to format.
@@ -124,8 +135,6 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _name_list(text: str) -> tuple[str, ...]:
     """Encoding names: comma-separated, known, each at most once."""
-    from posenc.lab.registry import ENCODINGS
-
     names = tuple(v.strip() for v in text.split(",") if v.strip())
     choose = f"choose from {', '.join(ENCODINGS)}"
     if not names:
@@ -187,13 +196,117 @@ def _write_text(path: pathlib.Path, text: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Commands.
+# Optional dependencies.
+
+_NEEDS_TORCH = {"compare": "trains and evaluates models with PyTorch",
+                "plot": "computes the encodings it draws with PyTorch"}
 
 
-def _format_table(table, fmt: str, offset: int) -> str:
+def _torch_missing(command: str) -> str | None:
+    """The message for ``command`` when PyTorch cannot be imported, else None."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as err:
+        return (f"posenc {command}: error: this command {_NEEDS_TORCH[command]}, which cannot be "
+                f"imported ({err}); install it with pip install \"posenc[torch]\" (or pip install torch). "
+                "posenc table, posenc list and --help work without it")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# posenc table: NumPy only, printed exactly as torch prints the same float32 tensor.
+
+#: torch's default print options: digits, elements before summarising, edge items, line width.
+_PRECISION, _THRESHOLD, _EDGE_ITEMS, _LINE_WIDTH = 4, 1000, 3, 80
+
+
+class _CellFormat:
+    """How torch's ``repr`` writes the numbers of one float tensor (default print options).
+
+    One format for all cells: fixed point with 4 decimals, integers with a trailing dot when every
+    finite nonzero value is a whole number, scientific notation when those values span more than
+    a factor 1000 or leave [1e-4, 1e8]; every cell padded to the widest one.
+    """
+
+    def __init__(self, values: Sequence[float]) -> None:
+        finite = [abs(v) for v in values if math.isfinite(v) and v != 0.0]
+        self.width = 1
+        self.whole = all(v == math.ceil(v) for v in finite)
+        self.scientific = False
+        if not finite:
+            return
+        low, high = min(finite), max(finite)
+        self.scientific = high / low > 1000.0 or high > 1.0e8 or low < 1.0e-4
+        nonzero = [v for v in values if math.isfinite(v) and v != 0.0]
+        if self.scientific:
+            self.width = max(len(f"{v:.{_PRECISION}e}") for v in nonzero)
+        elif self.whole:
+            self.width = max(len(f"{v:.0f}") + 1 for v in nonzero)
+        else:
+            self.width = max(len(f"{v:.{_PRECISION}f}") for v in nonzero)
+        self.width = max(self.width, 1)
+
+    def __call__(self, value: float) -> str:
+        if self.scientific:
+            text = f"{value:{self.width}.{_PRECISION}e}"
+        elif self.whole:
+            text = f"{value:.0f}" + ("" if math.isinf(value) or math.isnan(value) else ".")
+        else:
+            text = f"{value:.{_PRECISION}f}"
+        return text.rjust(self.width)
+
+
+def _edges(n: int, summarize: bool) -> list[int] | None:
+    """Indices shown along an axis of ``n`` (None: all of them)."""
+    return [*range(_EDGE_ITEMS), *range(n - _EDGE_ITEMS, n)] if summarize and n > 2 * _EDGE_ITEMS else None
+
+
+def torch_style(table: np.ndarray) -> str:
+    """``repr`` of ``table`` (2-D, float32) as torch prints the same tensor, without torch.
+
+    Examples:
+        >>> print(torch_style(np.array([[0.0, 1.0], [0.841471, 0.540302]], dtype=np.float32)))
+        tensor([[0.0000, 1.0000],
+                [0.8415, 0.5403]])
+    """
+    rows, cols = table.shape
+    if table.size == 0:
+        return f"tensor([], size=({rows}, {cols}))"
+    summarize = table.size > _THRESHOLD
+    row_ids, col_ids = _edges(rows, summarize), _edges(cols, summarize)
+    shown = table if row_ids is None else table[row_ids]
+    shown = shown if col_ids is None else shown[:, col_ids]
+    fmt = _CellFormat(shown.astype(np.float64).ravel().tolist())
+    indent = len("tensor(") + 1                                        # rows start after "tensor(["
+    per_line = max(1, (_LINE_WIDTH - indent) // (fmt.width + 2))
+
+    def row_text(values: list[float]) -> str:
+        cells = [fmt(v) for v in values]
+        if col_ids is not None:
+            cells = [*cells[:_EDGE_ITEMS], " ...", *cells[_EDGE_ITEMS:]]
+        lines = [", ".join(cells[i : i + per_line]) for i in range(0, len(cells), per_line)]
+        return "[" + ("," + "\n" + " " * (indent + 1)).join(lines) + "]"
+
+    texts = [row_text(r) for r in shown.astype(np.float64).tolist()]
+    if row_ids is not None:
+        texts = [*texts[:_EDGE_ITEMS], "...", *texts[_EDGE_ITEMS:]]
+    return "tensor([" + ("," + "\n" + " " * indent).join(texts) + "])"
+
+
+def sinusoidal_rows(length: int, dim: int, *, base: float, layout: str, offset: int) -> np.ndarray:
+    """The float32 ``(length, dim)`` table that :func:`posenc.sinusoidal_table` returns, in NumPy.
+
+    Both compute the angles exactly in float64 (:mod:`posenc.core.exact`) and round once to
+    float32, so the values are the same with and without torch.
+    """
+    positions = np.arange(offset, offset + length, dtype=np.int64)                 # (P,)
+    return core_sinusoidal.table(positions, dim, base, layout).astype(np.float32)  # (P, D)
+
+
+def _format_table(table: np.ndarray, fmt: str, offset: int) -> str:
     if fmt == "torch":
-        return repr(table)
-    rows = table.double().tolist()
+        return torch_style(table)
+    rows = table.astype(np.float64).tolist()
     if fmt == "json":
         return json.dumps({"offset": offset, "rows": rows})
     if fmt == "csv":
@@ -223,9 +336,7 @@ def _check_table(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_table(args: argparse.Namespace) -> int:
-    from posenc.functional import sinusoidal_table
-
-    table = sinusoidal_table(args.max_len, args.dim, base=args.base, layout=args.layout, offset=args.offset)
+    table = sinusoidal_rows(args.max_len, args.dim, base=args.base, layout=args.layout, offset=args.offset)
     _emit(_format_table(table, args.format, args.offset))
     return 0
 
@@ -238,38 +349,50 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_results(results: dict) -> str:
-    lens = sorted({int(L) for by in results["loss"].values() for L in by})
-    head = "| encoding | " + " | ".join(f"loss @ {L}" for L in lens) + " | " + " | ".join(f"ppl @ {L}" for L in lens) + " |"
-    rule = "|---|" + "---:|" * (2 * len(lens))
-    rows = []
-    for name, by in results["loss"].items():
-        losses = [by.get(str(L)) for L in lens]
-        rows.append(f"| {name} | " + " | ".join("n/a" if v is None else f"{v:.3f}" for v in losses) + " | "
-                    + " | ".join("n/a" if v is None else f"{math.exp(v):.2f}" for v in losses) + " |")
-    return "\n".join([head, rule, *rows])
+# ---------------------------------------------------------------------------------------------
+# posenc compare and posenc plot: torch (and matplotlib for the figures).
+
+
+def _check_compare(args: argparse.Namespace) -> str | None:
+    if args.device == "cuda":
+        try:
+            import torch
+        except ImportError:
+            return None                              # reported by the command: PyTorch is missing
+        if not torch.cuda.is_available():
+            return ("argument --device: got 'cuda' but no CUDA device is visible to PyTorch "
+                    f"(torch {torch.__version__}, torch.cuda.is_available() is False); pass --device cpu, or "
+                    "install a CUDA build of PyTorch and check CUDA_VISIBLE_DEVICES")
+    return None
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    problem = _torch_missing("compare")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     from posenc.lab.experiment import CompareConfig, compare, position_task
+    from posenc.lab.results import format_results
 
     out = args.out
     _prepare_folder(out, ["results.json", "compare.png"])           # fail before minutes of training
     if args.task == "position":
         results = position_task(args.encodings, steps=args.steps or (150 if args.quick else 400), seed=args.seed,
-                                progress=not args.no_progress)
-        _emit("\n".join([f"position task (bidirectional, length {results['length']}, chance {results['chance']:.3f})",
+                                progress=not args.no_progress, device=args.device, threads=args.threads)
+        _emit("\n".join([f"position task (bidirectional, length {results['length']}, chance {results['chance']:.3f}; "
+                         "accuracy, higher is better)",
                          *(f"{name:<12} accuracy {acc:.3f}" for name, acc in results["accuracy"].items())]))
         _write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
         print(f"wrote {out / 'results.json'}", file=sys.stderr)
         return 0
-    overrides = {"encodings": args.encodings, "train_len": args.train_len, "eval_lens": args.eval_lens,
-                 "seed": args.seed}
+    overrides: dict[str, Any] = {"encodings": args.encodings, "train_len": args.train_len,
+                                 "eval_lens": args.eval_lens, "seed": args.seed, "device": args.device,
+                                 "threads": args.threads}
     if args.steps is not None:
         overrides["steps"] = args.steps
     config = CompareConfig.quick(**overrides) if args.quick else CompareConfig(**overrides)
     results = compare(config, progress=not args.no_progress)
-    _emit(_format_results(results))                                 # shown even if the disk is full
+    _emit(format_results(results))                                  # shown even if the disk is full
     _write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / 'results.json'} ({results['seconds']} s of training and evaluation)", file=sys.stderr)
     try:
@@ -294,6 +417,10 @@ def _check_plot(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    problem = _torch_missing("plot")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     from posenc.lab.plots import plot_encodings, require_matplotlib
 
     try:
@@ -315,7 +442,16 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for Transformers.")
+    """The ``posenc`` argument parser (imports neither torch nor matplotlib)."""
+    import posenc  # the package itself: its version, nothing more
+
+    parser = argparse.ArgumentParser(
+        prog="posenc", description="Positional encodings for Transformers.",
+        epilog="table, list and --help need only NumPy; compare and plot need PyTorch (pip install "
+               '"posenc[torch]"), and their figures matplotlib (pip install "posenc[plot]"). Exit status: 0 '
+               "success, 1 the work failed (an output that cannot be written, a missing dependency), 2 a bad "
+               "command line.")
+    parser.add_argument("--version", action="version", version=f"posenc {posenc.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("table", help="print a sinusoidal positional-encoding table")
     t.add_argument("--dim", type=_int_range(1, MAX_DIM), required=True,
@@ -334,8 +470,6 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list the registered encodings")
     ls.set_defaults(func=_cmd_list, command_parser=ls)
 
-    from posenc.lab.registry import ENCODINGS
-
     c = sub.add_parser("compare", help="train a tiny Transformer per encoding and measure it past its training length")
     c.add_argument("--encodings", type=_name_list, default=tuple(ENCODINGS),
                    help=f"comma-separated names (default: all: {','.join(ENCODINGS)})")
@@ -350,11 +484,18 @@ def build_parser() -> argparse.ArgumentParser:
                        _SEED_MIN, _SEED_MAX, accepted="a 64-bit signed integer, from -2**63 to 2**63 - 1"))
     c.add_argument("--out", type=_folder, default=pathlib.Path("posenc-compare"),
                    help="folder for results.json and compare.png, created if missing (default posenc-compare)")
-    c.add_argument("--quick", action="store_true", help="a smaller model and budget: under 3 minutes on 2 CPU cores")
+    c.add_argument("--quick", action="store_true", help="a smaller model and budget (400 steps, width 64, depth 2)")
     c.add_argument("--task", choices=("lm", "position"), default="lm",
                    help="lm: language modelling past the training length; position: bidirectional order task")
+    c.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where the models train and run: cpu (default) or cuda (the current CUDA device); the "
+                        "batches are drawn on the CPU either way, so a seed selects the same data")
+    c.add_argument("--threads", type=_int_range(1, 1024), default=None,
+                   help="CPU threads torch uses, from 1 to 1024 (default: torch's choice, one per core); 1 is "
+                        "several times faster on a busy machine; a seed repeats results bit for bit only at the "
+                        "same thread count")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    c.set_defaults(func=_cmd_compare, command_parser=c)
+    c.set_defaults(func=_cmd_compare, check=_check_compare, command_parser=c)
 
     p = sub.add_parser("plot", help="write PNG figures that explain the encodings",
                        description="Write PNG figures that explain the encodings. The two patch-grid figures "

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -72,3 +73,45 @@ def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "posenc", "table", "--dim", "2", "--max-len", "2", "--format", "json"],
                           capture_output=True, text=True, check=True)
     assert json.loads(proc.stdout)["rows"][1][0] == pytest.approx(0.841471, abs=1e-6)
+
+
+# --- posenc table without torch: NumPy values and torch's print format -------------------------
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return {
+        "unit": rng.uniform(-1, 1, (4, 5)),
+        "wrapped": rng.uniform(-1, 1, (3, 30)),                      # rows longer than 80 characters
+        "summarised": rng.uniform(-1, 1, (40, 64)),                  # > 1000 values: edges and "..."
+        "long column": rng.uniform(-1, 1, (1200, 1)),
+        "long row": rng.uniform(-1, 1, (1, 1200)),
+        "scientific small": rng.uniform(-1, 1, (3, 4)) * 1e-6,
+        "scientific wide": np.array([[1e-3, 5.0], [2.0, -0.5]]),
+        "large": rng.uniform(-1, 1, (2, 3)) * 1e9,
+        "whole": np.array([[0.0, 1.0], [-3.0, 12.0]]),
+        "whole large": np.array([[0.0, 1e9], [3.0, 2.0]]),
+        "zeros": np.zeros((2, 3)),
+        "negative zero": np.array([[-0.0, 0.25]]),
+        "single": np.array([[0.5]]),
+        "empty": np.zeros((0, 4)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_arrays()))
+def test_torch_style_is_torch_repr(name):
+    from posenc.cli import torch_style
+
+    array = _arrays()[name].astype(np.float32)
+    assert torch_style(array) == repr(torch.from_numpy(array))
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "concat", "tensor2tensor"])
+@pytest.mark.parametrize("dim, base, offset", [(1, 10000.0, 0), (7, 10000.0, -3), (64, 10000.0, 0), (33, 500.0, 12345),
+                                               (16, 1e6, 2**31 - 200)])
+def test_numpy_table_equals_the_torch_table_bit_for_bit(layout, dim, base, offset):
+    from posenc.cli import sinusoidal_rows
+
+    rows = sinusoidal_rows(200, dim, base=base, layout=layout, offset=offset)
+    assert rows.dtype == np.float32
+    assert torch.equal(torch.from_numpy(rows), sinusoidal_table(200, dim, base=base, layout=layout, offset=offset))

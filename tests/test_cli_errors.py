@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import posenc.functional
+import posenc.core.sinusoidal
 import posenc.lab.experiment
 import posenc.lab.plots
 from posenc.cli import main
@@ -96,6 +96,10 @@ USAGE_ERRORS = [
     (["compare", "--seed", "1.5"], "--seed", "'1.5'"),
     (["compare", "--task", "sorting"], "--task", "'sorting'"),
     (["compare", "--out", ""], "--out", "empty"),
+    (["compare", "--device", "tpu"], "--device", "invalid choice: 'tpu'"),
+    (["compare", "--device", "tpu"], "choose from", "cuda"),
+    (["compare", "--threads", "0"], "--threads", "from 1 to 1024, got '0'"),
+    (["compare", "--device", ""], "--device", "invalid choice: ''"),
 ]
 
 
@@ -108,6 +112,16 @@ def test_bad_command_lines_exit_2_naming_the_option(capsys, no_training, tmp_pat
     assert option in err and detail in err
     assert err.count("error:") == 1
     assert not (tmp_path / "out").exists()                        # nothing created for a bad command line
+
+
+def test_compare_on_cuda_without_a_cuda_device_exits_2(capsys, monkeypatch, no_training, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, out, err = run(capsys, ["compare", "--device", "cuda", "--out", str(tmp_path / "out")])
+    assert code == 2 and out == ""
+    assert "argument --device: got 'cuda' but no CUDA device is visible" in err and "pass --device cpu" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_plot_odd_dim_speaks_of_the_option_and_the_accepted_values(capsys, tmp_path):
@@ -247,7 +261,7 @@ def test_a_value_posenc_rejects_is_reported_without_traceback(capsys, monkeypatc
     def reject(*args, **kwargs):
         raise ValueError("dim must be >= 1, got 0")
 
-    monkeypatch.setattr(posenc.functional, "sinusoidal_table", reject)
+    monkeypatch.setattr(posenc.core.sinusoidal, "table", reject)
     code, out, err = run(capsys, TABLE)
     assert code == 2 and out == "" and err == "posenc table: error: dim must be >= 1, got 0\n"
 
@@ -256,7 +270,7 @@ def test_unexpected_errors_stay_visible(monkeypatch):
     def bug(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(posenc.functional, "sinusoidal_table", bug)
+    monkeypatch.setattr(posenc.core.sinusoidal, "table", bug)
     with pytest.raises(RuntimeError, match="a bug"):
         main(TABLE)
 

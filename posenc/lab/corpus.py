@@ -9,6 +9,7 @@ stable across runs and machines with the same Python version.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import sysconfig
 import zlib
@@ -36,18 +37,22 @@ def stdlib_files(root: pathlib.Path | None = None) -> list[tuple[str, pathlib.Pa
     if not root.is_dir():
         raise FileNotFoundError(f"the standard library folder {root} does not exist")
     out = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if _SKIP_DIRS.intersection(rel.parts[:-1]):
-            continue
-        out.append((rel.as_posix(), path))
+    for folder, dirs, files in os.walk(root):           # symlinked folders are not followed
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]  # prune: site-packages can hold most of the tree
+        for name in files:
+            if name.endswith(".py"):
+                path = pathlib.Path(folder, name)
+                out.append((path.relative_to(root).as_posix(), path))
     out.sort()
     return out
 
 
 def stdlib_corpus(*, max_bytes: int | None = None, root: pathlib.Path | None = None) -> Corpus:
     """Build the corpus; ``max_bytes`` caps each split (taking files in sorted order)."""
-    train, valid, tf, vf = [], [], [], []
+    train: list[bytes] = []
+    valid: list[bytes] = []
+    tf: list[str] = []
+    vf: list[str] = []
     sizes = {"train": 0, "valid": 0}
     for rel, path in stdlib_files(root):
         split = "valid" if zlib.crc32(rel.encode()) % 10 == 0 else "train"

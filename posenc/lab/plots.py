@@ -6,10 +6,14 @@ matplotlib is an optional extra (``pip install "posenc[plot]"``).
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Mapping, Sequence
 
 import torch
 
-__all__ = ["plot_compare", "plot_encodings", "plot_vision", "require_matplotlib"]
+from posenc.lab.results import identical_groups, identical_notes
+
+__all__ = ["compare_figure", "line_styles", "plot_compare", "plot_encodings", "plot_vision", "require_matplotlib",
+           "similarity_figure", "similarity_series"]
 
 
 def require_matplotlib():
@@ -26,36 +30,145 @@ def require_matplotlib():
     return plt
 
 
-def plot_compare(results: dict, path: pathlib.Path) -> pathlib.Path:
-    """Loss against evaluation length, one line per encoding, the training length marked."""
+#: Markers and line styles: every series of a figure gets its own (marker, line style) pair, so
+#: curves that coincide stay distinguishable without colour.
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def line_styles(n: int, *, first_style: int = 0) -> list[tuple[str, str]]:
+    """``n`` distinct ``(marker, linestyle)`` pairs: markers first, then line styles.
+
+    Examples:
+        >>> line_styles(3)
+        [('o', '-'), ('s', '-'), ('^', '-')]
+        >>> len(set(line_styles(48))) == 48
+        True
+    """
+    if n > len(MARKERS) * len(LINESTYLES):
+        raise ValueError(f"at most {len(MARKERS) * len(LINESTYLES)} series can get distinct styles, got {n}")
+    return [(MARKERS[i % len(MARKERS)], LINESTYLES[(first_style + i // len(MARKERS)) % len(LINESTYLES)])
+            for i in range(n)]
+
+
+def _coincide(a: Sequence[float], b: Sequence[float], atol: float) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= atol for x, y in zip(a, b, strict=True))
+
+
+def compare_figure(results: dict):
+    """The ``posenc compare`` figure as a matplotlib ``Figure``: loss against evaluation length.
+
+    One line per encoding, each with its own marker and line style (rope+<rule> dashed); series
+    that are equal at every length are named in the legend (``rope+dynamic (= rope+ntk)``), drawn
+    with hollow, larger markers around the first, and listed in a note under the axes.
+    """
     plt = require_matplotlib()
     cfg = results["config"]
+    loss = results["loss"]
     fig, ax = plt.subplots(figsize=(9.0, 4.8), dpi=120)
     base_colors = {"none": "#222222", "sinusoidal": "#1f77b4", "learned": "#17becf", "rope": "#d62728",
                    "alibi": "#2ca02c", "t5": "#9467bd"}
     rule_colors = ["#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8"]
-    rules = [n for n in results["loss"] if n not in base_colors]
-    for name, by_len in results["loss"].items():
+    names = list(loss)
+    bases = [n for n in names if not n.startswith("rope+")]
+    rules = [n for n in names if n.startswith("rope+")]
+    styles = dict(zip(bases, line_styles(len(bases)), strict=True))
+    # rules: dashed, markers continuing after the base encodings' (pairs stay distinct)
+    styles.update(zip(rules, line_styles(len(bases) + len(rules), first_style=1)[len(bases):], strict=True))
+    same_as = {}
+    for group in identical_groups(loss):
+        for later in group[1:]:
+            same_as[later] = group[0]
+    for name in names:
+        by_len = loss[name]
         lens = sorted(int(L) for L in by_len)
-        style = "--" if name.startswith("rope+") else "-"
-        color = base_colors.get(name) or rule_colors[rules.index(name) % len(rule_colors)]
-        ax.plot(lens, [by_len[str(L)] for L in lens], style, marker="o", ms=3.5, lw=1.8 if style == "-" else 1.2,
-                label=name, color=color)
+        marker, ls = styles[name]
+        if name in rules:
+            color = rule_colors[rules.index(name) % len(rule_colors)]
+        else:
+            color = base_colors.get(name, "#444444")
+        label = name if name not in same_as else f"{name} (= {same_as[name]})"
+        hollow = name in same_as                          # drawn around the identical series, not over it
+        ax.plot(lens, [by_len[str(L)] for L in lens], linestyle=ls, marker=marker, ms=7 if hollow else 4,
+                mfc="none" if hollow else color, lw=1.8 if ls == "-" else 1.2, label=label, color=color)
     ax.axvline(cfg["train_len"], color="grey", ls=":", lw=1)
     ax.text(cfg["train_len"], ax.get_ylim()[0], " training length", va="bottom", fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(int(L) for L in next(iter(results["loss"].values()))))
+    ax.set_xticks(sorted({int(L) for by in loss.values() for L in by}))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("evaluation length (bytes)")
-    ax.set_ylabel("validation loss per byte (nats)")
+    ax.set_ylabel("validation loss per byte (nats), lower is better")
     ax.set_title(f"Trained on {cfg['train_len']} bytes, evaluated longer (seed {cfg['seed']}, {cfg['steps']} steps)",
                  fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="encoding", title_fontsize=8)
     ax.grid(alpha=0.3)
+    notes = identical_notes(loss)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    if notes:
+        fig.subplots_adjust(bottom=0.2)
+        fig.text(0.01, 0.01, "Identical: " + "; ".join(notes), fontsize=8, color="#444444")
+    return fig
+
+
+def plot_compare(results: dict, path: pathlib.Path) -> pathlib.Path:
+    """Write :func:`compare_figure` to ``path`` (PNG) and return ``path``."""
+    plt = require_matplotlib()
+    fig = compare_figure(results)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
     return path
+
+
+def similarity_figure(dist: Sequence[float], series: Mapping[str, Sequence[float]], *, atol: float = 1e-12):
+    """Similarity against distance, one line per series (a distinct marker and line style each);
+    a legend entry and a note say which series coincide at every distance (within ``atol``)."""
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    names = list(series)
+    same_as: dict[str, str] = {}
+    for i, name in enumerate(names):
+        for first in names[:i]:
+            if first not in same_as and _coincide(series[first], series[name], atol):
+                same_as[name] = first
+                break
+    every = max(1, len(dist) // 16)
+    for (name, values), (marker, ls) in zip(series.items(), line_styles(len(names)), strict=True):
+        hollow = name in same_as
+        label = name if not hollow else f"{name}\n(= {same_as[name].split(':')[0]} at every distance)"
+        ax.plot(dist, values, linestyle=ls if not hollow else "--", marker=marker, markevery=every,
+                ms=7 if hollow else 4, mfc="none" if hollow else None, lw=1.2, label=label)
+    ax.set_xlabel("distance k")
+    ax.set_ylabel("normalised dot product")
+    ax.set_title("Similarity depends only on distance and decays, with ripples", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    if same_as:
+        fig.subplots_adjust(bottom=0.2)
+        fig.text(0.01, 0.01, "Identical: " + "; ".join(
+            f"{same_as[n].split(':')[0]} = {n.split(':')[0]} at every distance" for n in same_as), fontsize=8)
+    return fig
+
+
+def similarity_series(dim: int, length: int) -> tuple[list[int], dict[str, list[float]]]:
+    """Distances ``0 .. 4 * length - 1`` and two similarity curves against distance.
+
+    ``<PE(p), PE(p + k)>`` depends only on ``k``, and so does RoPE's ``<R(m) q, R(m + k) q>``; for
+    ``q = 1`` both equal ``(2/d) sum_i cos(k w_i)``, so the two curves coincide.
+    """
+    import posenc
+
+    dist = torch.arange(0, 4 * length)
+    pe = posenc.sinusoidal_table(4 * length + 1, dim, dtype=torch.float64)
+    sim_pe = (pe[0] * pe[dist]).sum(-1) / (dim / 2)
+    rope = posenc.RotaryEmbedding(dim, max_seq_len=4 * length + 1)
+    q = torch.ones(1, 1, 1, dim, dtype=torch.float64)
+    rotated, _ = rope(q.expand(1, 1, dist.numel(), dim).contiguous(), positions=dist)
+    sim_rope = (rotated[0, 0, 0] * rotated[0, 0]).sum(-1) / dim
+    return dist.tolist(), {"sinusoidal: <PE(p), PE(p+k)> / (d/2)": sim_pe.tolist(),
+                           "RoPE: <R(p) q, R(p+k) q> / |q|^2, q = 1": sim_rope.tolist()}
 
 
 def plot_encodings(out: pathlib.Path, *, dim: int = 64, length: int = 128, heads: int = 8) -> list[pathlib.Path]:
@@ -78,23 +191,8 @@ def plot_encodings(out: pathlib.Path, *, dim: int = 64, length: int = 128, heads
     fig.savefig(paths[-1])
     plt.close(fig)
 
-    # <PE(p), PE(p + k)> depends only on k; RoPE's <R(m) q, R(m + k) q> likewise.
-    dist = torch.arange(0, 4 * length)
-    pe = posenc.sinusoidal_table(4 * length + 1, dim, dtype=torch.float64)
-    sim_pe = (pe[0] * pe[dist]).sum(-1) / (dim / 2)
-    rope = posenc.RotaryEmbedding(dim, max_seq_len=4 * length + 1)
-    q = torch.ones(1, 1, 1, dim, dtype=torch.float64)
-    rotated, _ = rope(q.expand(1, 1, dist.numel(), dim).contiguous(), positions=dist)
-    sim_rope = (rotated[0, 0, 0] * rotated[0, 0]).sum(-1) / dim
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
-    ax.plot(dist, sim_pe, label="sinusoidal: <PE(p), PE(p+k)> / (d/2)")
-    ax.plot(dist, sim_rope, label="RoPE: <R(p) q, R(p+k) q> / |q|^2, q = 1")
-    ax.set_xlabel("distance k")
-    ax.set_ylabel("normalised dot product")
-    ax.set_title("Similarity depends only on distance and decays, with ripples", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    dist, series = similarity_series(dim, length)
+    fig = similarity_figure(dist, series)
     paths.append(out / "similarity_vs_distance.png")
     fig.savefig(paths[-1])
     plt.close(fig)
@@ -103,8 +201,9 @@ def plot_encodings(out: pathlib.Path, *, dim: int = 64, length: int = 128, heads
     d = torch.arange(0, length)
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), dpi=120)
     alibi = posenc.AlibiBias(heads)(torch.tensor([length - 1]), torch.arange(length))[:, 0].flip(-1)
-    for h in range(heads):
-        axes[0].plot(d, alibi[h], lw=1, label=f"head {h}: m = {posenc.alibi_slopes(heads)[h].item():.4g}")
+    for h, (marker, ls) in zip(range(heads), line_styles(heads), strict=True):
+        axes[0].plot(d, alibi[h], lw=1, marker=marker, linestyle=ls, ms=3, markevery=max(1, length // 8),
+                     label=f"head {h}: m = {posenc.alibi_slopes(heads)[h].item():.4g}")
     axes[0].set_title("ALiBi: -m_h * distance", fontsize=10)
     axes[0].legend(fontsize=6)
     torch.manual_seed(0)
@@ -114,6 +213,7 @@ def plot_encodings(out: pathlib.Path, *, dim: int = 64, length: int = 128, heads
     axes[1].set_title("T5: bucket of the distance (causal, 32 buckets)", fontsize=10)
     axes[1].set_ylabel("bucket (one learned bias each)")
     gen = torch.Generator().manual_seed(0)
+    rope = posenc.RotaryEmbedding(dim, max_seq_len=length)
     qv = torch.randn(1, 1, 1, dim, generator=gen, dtype=torch.float64)
     kv = qv + 0.3 * torch.randn(1, 1, 1, dim, generator=gen, dtype=torch.float64)
     rq, _ = rope(qv, positions=torch.tensor([0]))
