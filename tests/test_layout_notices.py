@@ -119,8 +119,14 @@ def test_convert_rope_weight_logs_what_it_did(info, no_warnings, weight, heads, 
     assert record.levelno == logging.INFO and record.getMessage().startswith(text)
 
 
-def test_nothing_is_formatted_or_printed_without_info_logging(caplog, capsys, no_warnings):
+def test_nothing_is_formatted_or_printed_without_info_logging(caplog, capsys, no_warnings, monkeypatch):
     caplog.set_level(logging.WARNING, logger="posenc")
+
+    def formatted(*args, **kwargs):
+        raise AssertionError("a notice was formatted with INFO logging off")
+
+    monkeypatch.setattr(hf_config, "conversion_hint", formatted)       # what every INFO record is built from
+    monkeypatch.setattr(posenc.functional.rope, "_conversion_note", formatted)
     RotaryEmbedding.from_hf_config(LLAMA)
     posenc.convert_rope_weight(torch.zeros(8, 2), 1, src="interleaved", dst="half")
     assert not caplog.records
@@ -144,6 +150,32 @@ def test_a_layout_contradicting_the_config_warns_at_the_callers_line(config, lay
     assert f"which implies layout={implied!r}" in str(w.message)
     assert f"posenc.convert_rope_weight(w, num_heads, src={implied!r}, dst={layout!r})" in str(w.message)
     assert issubclass(LayoutWarning, UserWarning)
+
+
+QWEN2_VL = {"model_type": "qwen2_vl", "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 10000.0,
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+
+
+def test_the_multimodal_module_warns_on_a_contradiction_too(info):
+    from posenc.nn.mrope import MultimodalRotaryEmbedding
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert MultimodalRotaryEmbedding.from_hf_config(QWEN2_VL).layout == "half"
+    with pytest.warns(LayoutWarning, match="MultimodalRotaryEmbedding.from_hf_config: layout='interleaved' contradicts") \
+            as caught:
+        assert MultimodalRotaryEmbedding.from_hf_config(QWEN2_VL, layout="interleaved").layout == "interleaved"
+    assert [w.filename for w in caught.list] == [__file__]
+    assert [r.getMessage().split(" (")[0] for r in _records(info, "MultimodalRotaryEmbedding.from_hf_config:")] == [
+        "MultimodalRotaryEmbedding.from_hf_config: layout='half'",
+        "MultimodalRotaryEmbedding.from_hf_config: layout='interleaved' as given, overriding the config's 'half'"]
+
+
+@pytest.mark.parametrize(("text_type", "layout"), [("glm4", "interleaved"), ("llama", "half")])
+def test_a_wrapper_config_is_read_through_its_text_config(text_type, layout):
+    found = hf_config.describe_rope_layout({"model_type": "my_vlm_wrapper", "text_config": {"model_type": text_type}})
+    assert (found.layout, found.known) == (layout, True)
+    assert found.reason.startswith(f"config dict.text_config, model_type={text_type!r}")
 
 
 def test_an_invalid_layout_raises_before_any_notice(info):
@@ -209,7 +241,8 @@ def _pairing(rotate):
     ("gptj", "gptj", "rotate_every_two"), ("codegen", "codegen", "rotate_every_two"),
     ("cohere2_moe", "cohere2_moe", "rotate_half"), ("glm4", "glm4", "rotate_half"), ("ernie4_5", "ernie4_5", "rotate_half"),
     ("ernie4_5_moe", "ernie4_5_moe", "rotate_half"), ("helium", "helium", "rotate_half"),
-    ("moonshine", "moonshine", "rotate_half"), ("starcoder2", "starcoder2", "rotate_half"), ("olmo2", "olmo2", "rotate_half"),
+    ("moonshine", "moonshine", "rotate_half"), ("qwen3_vl", "qwen3_vl", "rotate_half"),
+    ("qwen3_vl_moe", "qwen3_vl_moe", "rotate_half"), ("starcoder2", "starcoder2", "rotate_half"), ("olmo2", "olmo2", "rotate_half"),
 ])
 def test_the_named_layout_matches_transformers_rotation(model_type, module, function):
     pytest.importorskip("transformers")

@@ -29,12 +29,15 @@ Qwen3-VL               default rule), ``mrope_interleaved``, ``text_config``; fo
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from posenc import _validate
 from posenc.core.mrope import check_mrope_section
+from posenc.core.notices import LOGGER_NAME, LayoutWarning
 from posenc.core.rope import (
+    ROPE_LAYOUTS,
     DynamicNTKScaling,
     LinearScaling,
     Llama3Scaling,
@@ -55,10 +58,11 @@ INTERLEAVED_MODEL_TYPES = (
 HALF_MODEL_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
     "gemma3_text", "phi", "phi3", "gpt_neox", "gpt_neox_japanese", "persimmon", "starcoder2", "stablelm", "olmo",
-    "olmo2", "granite", "falcon", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text",
+    "olmo2", "granite", "falcon", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl",
+    "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text",
 )
 
-_log = logging.getLogger("posenc")
+_log = logging.getLogger(LOGGER_NAME)
 
 
 def config_dict(config: object) -> dict[str, Any]:
@@ -283,6 +287,11 @@ def describe_rope_layout(config: object, *, rotary_dim: int | None = None) -> Ro
     source = "config dict" if isinstance(config, Mapping) else type(config).__name__
     config = config_dict(config)
     model_type = config.get("model_type")
+    text = config.get("text_config")
+    if model_type not in (*INTERLEAVED_MODEL_TYPES, *HALF_MODEL_TYPES) and isinstance(text, Mapping) \
+            and text.get("model_type") in (*INTERLEAVED_MODEL_TYPES, *HALF_MODEL_TYPES):
+        config, source = dict(text), f"{source}.text_config"       # a wrapper: its text model rotates q and k
+        model_type = config["model_type"]
     dims = _dims_note(config, rotary_dim)
     where = f"{source}, model_type={model_type!r}" + (f", {dims}" if dims else "")
     adjacent, split = "the model pairs adjacent features (2i, 2i + 1)", "transformers rotates half-split pairs (i, i + d/2)"
@@ -308,7 +317,8 @@ def describe_rope_layout(config: object, *, rotary_dim: int | None = None) -> Ro
 
 def rope_layout_from_hf(config: object) -> str:
     """The pair layout a model family uses: ``"interleaved"`` (pairs ``2i, 2i + 1``: GPT-J, Cohere,
-    GLM, DeepSeek-V2/V3 unless ``rope_interleave`` is false) or ``"half"`` (pairs ``i, i + d/2``:
+    GLM, DeepSeek-V2/V3 unless ``rope_interleave`` is false or null, and the other types in
+    :data:`INTERLEAVED_MODEL_TYPES`) or ``"half"`` (pairs ``i, i + d/2``:
     Llama, Mistral, Qwen, Gemma, Phi-3, GPT-NeoX and most others).
 
     The layout and the reason are logged at ``INFO`` level on the ``"posenc"`` logger.  Weights
@@ -324,6 +334,39 @@ def rope_layout_from_hf(config: object) -> str:
     if _log.isEnabledFor(logging.INFO):
         _log.info("rope_layout_from_hf: layout=%r (%s); %s", found.layout, found.reason, conversion_hint(found.layout))
     return found.layout
+
+
+def choose_rope_layout(config: object, layout: str | None, *, who: str, rotary_dim: int | None = None,
+                       stacklevel: int = 3) -> str:
+    """The layout a ``from_hf_config`` builds with: ``layout`` when given, else the config's.
+
+    Logs the choice and why at ``INFO`` level, and warns with :class:`~posenc.core.notices.LayoutWarning`
+    (at the caller's caller, ``stacklevel``) when a given ``layout`` contradicts the model type.
+    ``who`` names the caller in the messages.
+    """
+    if layout is not None:
+        layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+    found = describe_rope_layout(config, rotary_dim=rotary_dim)
+    if layout is None:
+        layout = found.layout
+        how = f"layout={layout!r} ({found.reason})"
+    elif not found.known:
+        how = f"layout={layout!r} as given; the config does not settle it ({found.reason})"
+    elif layout == found.layout:
+        how = f"layout={layout!r} as given, as the config implies ({found.reason})"
+    else:
+        how = f"layout={layout!r} as given, overriding the config's {found.layout!r} ({found.reason})"
+        warnings.warn(
+            f"{who}: layout={layout!r} contradicts the config, which implies layout={found.layout!r} "
+            f"({found.reason}); weights trained with this config rotate as {found.layout!r} and give wrong "
+            f"attention scores here unless converted: leave layout= out, or convert them once with "
+            f"posenc.convert_rope_weight(w, num_heads, src={found.layout!r}, dst={layout!r})",
+            LayoutWarning,
+            stacklevel=stacklevel,
+        )
+    if _log.isEnabledFor(logging.INFO):
+        _log.info("%s: %s; %s", who, how, conversion_hint(layout))
+    return layout
 
 
 def conversion_hint(layout: str) -> str:

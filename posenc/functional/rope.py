@@ -47,6 +47,7 @@ from posenc._torch.checks import (
 from posenc._torch.rows import guard_in_table, out_of_table, position_range
 from posenc.core import exact as core_exact
 from posenc.core import rope as core_rope
+from posenc.core.notices import LOGGER_NAME
 from posenc.core.rope import ROPE_LAYOUTS
 from posenc.kernels import rope_engine, torch_rope
 
@@ -59,7 +60,7 @@ __all__ = [
     "rope_inv_freq",
 ]
 
-_log = logging.getLogger("posenc")
+_log = logging.getLogger(LOGGER_NAME)
 
 
 def rope_inv_freq(

@@ -44,6 +44,7 @@ from posenc import _validate
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import hf_config as core_hf_config
+from posenc.core.notices import LOGGER_NAME
 from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
 from posenc.nn import MultimodalRotaryEmbedding, RotaryEmbedding
 
@@ -58,7 +59,7 @@ SUPPORTED_MODEL_TYPES = (*_ROPE_TYPES, *_MROPE_TYPES, "gptj", "bloom", "mpt", "t
 _MAX_TABLE_ROWS = 1 << 14
 _PATCH_ATTR = "_posenc_patches"
 
-_log = logging.getLogger("posenc")
+_log = logging.getLogger(LOGGER_NAME)
 
 
 def _model_type(model: torch.nn.Module) -> str:

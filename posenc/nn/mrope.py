@@ -154,11 +154,13 @@ class MultimodalRotaryEmbedding(TableModule):
         ``mrope_section`` comes from ``rope_parameters`` (transformers 5) or ``rope_scaling``
         (transformers 4), the base from ``rope_theta``, the rotary dim from ``head_dim`` (else
         ``hidden_size // num_attention_heads``): see :func:`posenc.core.hf_config.mrope_from_hf`.
-        Raises ``ValueError`` for a config without ``mrope_section``.
+        Raises ``ValueError`` for a config without ``mrope_section``.  The layout is the model
+        type's unless ``layout`` is given; the choice is logged at ``INFO`` level on the ``"posenc"``
+        logger, and a ``layout`` that contradicts the model type warns with :class:`posenc.LayoutWarning`.
         """
         base, rotary_dim, scaling, section, interleaved = core_hf_config.mrope_from_hf(config)
-        if layout is None:
-            layout = core_hf_config.rope_layout_from_hf(config)
+        layout = core_hf_config.choose_rope_layout(config, layout, who="MultimodalRotaryEmbedding.from_hf_config",
+                                                   rotary_dim=rotary_dim)
         return cls(rotary_dim, section, max_seq_len=max_seq_len, base=base, mrope_interleaved=interleaved,
                    layout=layout, scaling=scaling, backend=backend, device=device)
 

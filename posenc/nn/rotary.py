@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import warnings
 from typing import Any, Protocol, cast
 
 import torch
@@ -26,13 +24,11 @@ from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
-from posenc.core.notices import LayoutWarning
 from posenc.kernels import rope_engine
 from posenc.kernels.torch_rope import pack_tables, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
 
-_log = logging.getLogger("posenc")
 
 
 class _LengthRule(Protocol):
@@ -185,28 +181,8 @@ class RotaryEmbedding(TableModule):
         the weights once with ``posenc.convert_rope_weight(w, num_heads, src=<config's>, dst=layout)``.
         """
         base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config, layer_type=layer_type)
-        found = core_hf_config.describe_rope_layout(config, rotary_dim=rotary_dim)
-        if layout is None:
-            layout = found.layout
-            how = f"layout={layout!r} ({found.reason})"
-        elif not found.known:
-            _validate.check_choice("layout", layout, core_rope.ROPE_LAYOUTS)
-            how = f"layout={layout!r} as given; the config does not settle it ({found.reason})"
-        elif _validate.check_choice("layout", layout, core_rope.ROPE_LAYOUTS) == found.layout:
-            how = f"layout={layout!r} as given, as the config implies ({found.reason})"
-        else:
-            how = f"layout={layout!r} as given, overriding the config's {found.layout!r} ({found.reason})"
-            warnings.warn(
-                f"RotaryEmbedding.from_hf_config: layout={layout!r} contradicts the config, which implies "
-                f"layout={found.layout!r} ({found.reason}); weights trained with this config rotate as "
-                f"{found.layout!r} and give wrong attention scores here unless converted: leave layout= out, or "
-                f"convert them once with posenc.convert_rope_weight(w, num_heads, src={found.layout!r}, "
-                f"dst={layout!r})",
-                LayoutWarning,
-                stacklevel=2,
-            )
-        if _log.isEnabledFor(logging.INFO):
-            _log.info("RotaryEmbedding.from_hf_config: %s; %s", how, core_hf_config.conversion_hint(layout))
+        layout = core_hf_config.choose_rope_layout(config, layout, who="RotaryEmbedding.from_hf_config",
+                                                   rotary_dim=rotary_dim)
         return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, backend=backend,
                    device=device)
 
