@@ -50,4 +50,6 @@ print("check_package: installed", posenc.__version__, "from", posenc.__file__)
 PY
 "$work/venv/bin/posenc" --help >/dev/null
 "$work/venv/bin/posenc" table --dim 4 --max-len 2 --format csv
+"$work/venv/bin/posenc" table --dim 6 --max-len 3                 # printed as torch prints a tensor, without torch
+"$work/venv/bin/posenc" list >/dev/null
 echo "check_package: sdist and wheel built, twine check passed, the wheel installs and runs without torch"

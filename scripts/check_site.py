@@ -53,6 +53,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--no-proxy-server",                       # the site is on localhost: never through a proxy
 ]
 #: Schemes of links that are not pages (nothing to fetch).
 _NOT_FETCHED = ("mailto", "javascript", "data", "tel", "blob", "about")
@@ -201,13 +202,15 @@ def serve(site: pathlib.Path) -> Iterator[str]:
 
 
 def make_fetch() -> Fetch:
-    """``fetch(url) -> (status, text)`` over HTTP, cached per URL, no redirects hidden from the status."""
+    """``fetch(url) -> (status, text)`` over HTTP, cached per URL.  The local server is asked
+    directly, never through a proxy that the environment names (``http_proxy``)."""
     cache: dict[str, tuple[int, str]] = {}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def fetch(url: str) -> tuple[int, str]:
         if url not in cache:
             try:
-                with urllib.request.urlopen(url, timeout=10) as response:
+                with opener.open(url, timeout=10) as response:
                     body = response.read()
                     kind = response.headers.get_content_type()
                     cache[url] = (response.status, body.decode("utf-8", "replace") if "html" in kind else "")

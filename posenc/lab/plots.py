@@ -137,7 +137,7 @@ def similarity_figure(dist: Sequence[float], series: Mapping[str, Sequence[float
     for (name, values), (marker, ls) in zip(series.items(), line_styles(len(names)), strict=True):
         hollow = name in same_as
         label = name if not hollow else f"{name}\n(= {same_as[name].split(':')[0]} at every distance)"
-        ax.plot(dist, values, linestyle=ls if not hollow else "--", marker=marker, markevery=every,
+        ax.plot(dist, values, linestyle=ls, marker=marker, markevery=every,
                 ms=7 if hollow else 4, mfc="none" if hollow else None, lw=1.2, label=label)
     ax.set_xlabel("distance k")
     ax.set_ylabel("normalised dot product")
