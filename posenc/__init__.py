@@ -15,6 +15,7 @@ _EXPORTS = {
     "sinusoidal_table": "posenc.functional",
     "sinusoidal_encoding": "posenc.functional",
     "positions_from_mask": "posenc.functional",
+    "positions_from_cu_seqlens": "posenc.functional",
     "rope_inv_freq": "posenc.functional",
     "rope_cos_sin": "posenc.functional",
     "apply_rope": "posenc.functional",
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
     from posenc.functional import layout_permutation as layout_permutation
     from posenc.functional import mrope_cos_sin as mrope_cos_sin
     from posenc.functional import mrope_positions as mrope_positions
+    from posenc.functional import positions_from_cu_seqlens as positions_from_cu_seqlens
     from posenc.functional import positions_from_mask as positions_from_mask
     from posenc.functional import positions_from_segment_ids as positions_from_segment_ids
     from posenc.functional import relative_position_bucket as relative_position_bucket

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from posenc import _validate
 from posenc._torch.checks import check_positions, check_seq_len
+from posenc._torch.varlen import check_cu_seqlens, sequence_ids, varlen_range
 from posenc.functional.positions import positions_from_segment_ids
 
 __all__ = ["ATTENTION_BACKENDS", "AttentionEncoding", "attention"]
@@ -225,6 +226,8 @@ def attention(
     assume_in_table: bool = False,
     keys_rotated: bool = False,
     backend: str = "sdpa",
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding applied the right way.
 
@@ -273,9 +276,19 @@ def attention(
             length.
         backend: ``"sdpa"`` (reference) or ``"flex"`` (compiled ``flex_attention``: no ``(S, S_k)``
             bias tensors; no ``attn_mask``/dropout; RelativePositionBias only without gradients).
+        cu_seqlens: a packed variable-length batch in flash-attention's varlen format: q ``(T, H, D)``
+            holds ``N`` sequences back to back and ``cu_seqlens`` ``(N + 1,)`` (int32/int64) their
+            cumulative lengths ``[0, ..., T]``; k and v are ``(T_k, H_kv, D)``.  Attention stays
+            inside each sequence and positions restart in each one, so the result equals
+            attending each sequence alone (a length-dependent rotary rule uses each sequence's
+            own length).  Excludes ``positions``, ``key_positions``, ``segment_ids`` and
+            ``attn_mask``.
+        cu_seqlens_k: the keys' cumulative lengths when they differ from the queries' (a decode or
+            chunked-prefill step against cached keys): sequence ``i``'s queries are the last
+            ``len_q`` of its ``len_k`` positions, as in flash-attention.  Default: ``cu_seqlens``.
 
     Returns:
-        ``(B, H, S, D)``.
+        ``(B, H, S, D)``; ``(T, H, D)`` with ``cu_seqlens``.
 
     Examples:
         >>> import posenc
@@ -283,6 +296,11 @@ def attention(
         >>> posenc.attention(q, k, v, encoding=posenc.AlibiBias(2), causal=True).shape
         torch.Size([1, 2, 5, 8])
     """
+    if cu_seqlens is not None or cu_seqlens_k is not None:
+        return _varlen_attention(
+            q, k, v, cu_seqlens, cu_seqlens_k, extra=(positions, key_positions, segment_ids, attn_mask),
+            encoding=encoding, causal=causal, dropout_p=dropout_p, scale=scale, seq_len=seq_len,
+            assume_in_table=assume_in_table, keys_rotated=keys_rotated, backend=backend)
     _check_qkv(q, k, v)
     dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
     _check_encoding(encoding)
@@ -324,13 +342,101 @@ def attention(
     if bias is None and encoding is not None and not isinstance(encoding, torch.Tensor):
         bias = encoding.attention_bias(positions, key_positions, num_heads=H, dtype=q.dtype)
     mask = _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask)
-    if H != k.shape[1]:
+    return _sdpa(q, k, v, mask, dropout_p, scale)
+
+
+def _sdpa(q, k, v, mask, dropout_p: float, scale: float) -> torch.Tensor:
+    """SDPA with grouped-query attention (``enable_gqa`` where torch has it)."""
+    if q.shape[1] != k.shape[1]:
         if _SDPA_HAS_GQA:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
                                                   enable_gqa=True)
-        rep = H // k.shape[1]
+        rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+def _varlen_attention(q, k, v, cu_seqlens, cu_seqlens_k, *, extra, encoding, causal, dropout_p, scale, seq_len,
+                      assume_in_table, keys_rotated, backend):
+    """:func:`attention` on packed ``(T, H, D)`` sequences: per-sequence positions and a
+    same-sequence mask from ``cu_seqlens``, then the padded-batch path on a batch of one."""
+    cu_q, cu_k = _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_in_table)
+    q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))          # (1, H, T, D)
+    options = {"encoding": encoding, "causal": causal, "dropout_p": dropout_p, "scale": scale,
+               "assume_in_table": assume_in_table, "keys_rotated": keys_rotated, "backend": backend}
+    if seq_len is None and getattr(encoding, "length_dependent", False):
+        # each sequence alone has its own length, hence its own frequencies: one call per sequence
+        outs = [attention(q4[:, :, a:b], k4[:, :, ak:bk], v4[:, :, ak:bk], **options)[0]             # (H, len, D)
+                for (a, b), (ak, bk) in zip(_pairs(cu_q), _pairs(cu_k), strict=True) if a < b]
+        out = torch.cat(outs, 1) if outs else q4[0, :, :0]
+        return out.transpose(0, 1).contiguous()                        # (T, H, D)
+    _check_qkv(q4, k4, v4)
+    dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
+    _validate.check_bool("keys_rotated", keys_rotated)
+    seq_len = check_seq_len(seq_len)
+    seq_q = sequence_ids(cu_q, q.shape[0])                              # (T,)
+    seq_k = seq_q if cu_k is cu_q else sequence_ids(cu_k, k.shape[0])   # (T_k,)
+    pos_k = torch.arange(k.shape[0], device=q.device) - cu_k.long()[seq_k]
+    pos_q = torch.arange(q.shape[0], device=q.device) - cu_q.long()[seq_q]
+    if cu_k is not cu_q:                                                # queries are the last len_q of len_k positions
+        shift = (cu_k[1:] - cu_k[:-1]).long() - (cu_q[1:] - cu_q[:-1]).long()   # (N,)
+        pos_q = pos_q + shift[seq_q]
+    positions, key_positions = pos_q[None], pos_k[None]                 # (1, T), (1, T_k)
+    if encoding is not None:
+        q4, k_rot = encoding.attention_qk(q4, None if keys_rotated else k4, positions=positions,
+                                          key_positions=key_positions, seq_len=seq_len, offsets=(None, None),
+                                          assume_in_table=assume_in_table)
+        k4 = k4 if keys_rotated or k_rot is None else k_rot
+    if backend == "flex":
+        if dropout_p:
+            raise ValueError("backend='flex' takes no dropout_p; use backend='sdpa'")
+        out = _flex_attention(q4, k4, v4, positions, key_positions, seq_q[None], causal, scale, encoding, seq_k[None])
+    else:
+        bias = None if encoding is None else encoding.attention_bias(positions, key_positions,
+                                                                      num_heads=q4.shape[1], dtype=q4.dtype)
+        mask = _sdpa_mask(q4, positions, key_positions, seq_q[None], causal, bias, None, seq_k[None])
+        out = _sdpa(q4, k4, v4, mask, dropout_p, scale)
+    return out[0].transpose(0, 1).contiguous()                         # (T, H, D)
+
+
+def _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_in_table):
+    """Check a packed call; returns ``(cu_q, cu_k)`` (the same tensor when the keys share the lengths)."""
+    if any(t is not None for t in extra):
+        raise ValueError(
+            "with cu_seqlens, positions, key_positions, segment_ids and attn_mask are not accepted: the cumulative "
+            "lengths define the positions and the masking"
+        )
+    if cu_seqlens is None:
+        raise ValueError("cu_seqlens_k needs cu_seqlens (the queries' cumulative lengths) as well")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(
+                f"with cu_seqlens, {name} must be packed tokens (T, H, D), got {getattr(t, 'shape', type(t).__name__)}"
+            )
+    _check_encoding(encoding)
+    if isinstance(encoding, torch.Tensor) or getattr(encoding, "position_axes", None) is not None:
+        raise ValueError(
+            "with cu_seqlens, pass a 1-D encoding module (not a precomputed bias tensor, nor an encoding of per-axis "
+            "coordinates, which takes a padded batch with positions)"
+        )
+    cu_q = check_cu_seqlens(cu_seqlens, q.device)
+    cu_k = cu_q if cu_seqlens_k is None else check_cu_seqlens(cu_seqlens_k, q.device)
+    if cu_k.shape != cu_q.shape:
+        raise ValueError(
+            f"cu_seqlens ({cu_q.shape[0] - 1} sequences) and cu_seqlens_k ({cu_k.shape[0] - 1}) must describe the "
+            f"same number of sequences"
+        )
+    _validate.check_bool("assume_in_table", assume_in_table)
+    if not assume_in_table and not torch.compiler.is_compiling():
+        varlen_range(cu_q, q.shape[0], 0)                                # checks the values (one read each)
+        if cu_k is not cu_q:
+            varlen_range(cu_k, k.shape[0], 0)
+    return cu_q, cu_k
+
+
+def _pairs(cu: torch.Tensor) -> list[tuple[int, int]]:
+    bounds = cu.tolist()
+    return list(zip(bounds, bounds[1:], strict=False))
 
 
 def _attn_mask(attn_mask: object, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -359,13 +465,14 @@ def _attn_mask(attn_mask: object, q: torch.Tensor, k: torch.Tensor) -> torch.Ten
     return attn_mask if attn_mask.dtype == torch.bool else attn_mask != 0
 
 
-def _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask):
+def _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask, key_segment_ids=None):
     """One boolean "allowed" mask, then one additive float mask if a bias or a float mask is given."""
     allowed = None
     if causal:
         allowed = key_positions.unsqueeze(-2) <= positions.unsqueeze(-1)        # (S, S_k) or (B, S, S_k)
     if segment_ids is not None:
-        same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)           # (B, S, S_k)
+        key_segments = segment_ids if key_segment_ids is None else key_segment_ids
+        same = segment_ids.unsqueeze(-1) == key_segments.unsqueeze(-2)          # (B, S, S_k)
         allowed = same if allowed is None else allowed & same
     if allowed is not None:
         allowed = allowed.unsqueeze(-3)                                         # (..., 1, S, S_k)
@@ -408,7 +515,7 @@ def _pad_to_block(t: torch.Tensor, dim: int, value=0) -> torch.Tensor:
     return F.pad(t, pad, value=value)
 
 
-def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding):
+def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding, key_segment_ids=None):
     """flex_attention path: biases as score_mod, masks as a block mask; nothing of size (S, S_k).
 
     Lengths are padded to multiples of flex's 128-wide blocks (torch 2.13's CPU kernel gave wrong
@@ -425,6 +532,7 @@ def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scal
     kpos = _pad_to_block(key_positions.expand(B, S_k).contiguous(), -1)          # (B, Skp)
     q, k, v = _pad_to_block(q, 2), _pad_to_block(k, 2), _pad_to_block(v, 2)
     seg = None if segment_ids is None else _pad_to_block(segment_ids, -1)
+    kseg = seg if key_segment_ids is None else _pad_to_block(key_segment_ids, -1)
     Sp, Skp = q.shape[2], k.shape[2]
     score_mod = None if encoding is None else encoding.attention_score_mod(qpos, kpos, num_heads=H)
     # The masks read tensors, never the lengths as Python ints: compiled flex_attention guards on
@@ -437,7 +545,7 @@ def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scal
         if causal:
             ok = ok & (kpos[b, ki] <= qpos[b, qi])
         if seg is not None:
-            ok = ok & (seg[b, qi] == seg[b, ki])
+            ok = ok & (seg[b, qi] == kseg[b, ki])
         return ok | (padded_query[qi] & (ki == 0))                               # padded queries: key 0
     block_mask = None
     if causal or seg is not None or Skp != S_k or Sp != S:

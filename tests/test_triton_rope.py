@@ -145,3 +145,64 @@ def test_inplace_on_views_of_one_fused_buffer_rotates_each_once():
     torch.testing.assert_close(buf[:, :, 0], want[0], rtol=0, atol=2e-6)
     with pytest.raises(ValueError, match="same tensor"):
         rope(buf[:, :, 0], buf[:, :, 0], seq_dim=1, inplace=True)
+
+
+# ---- packed variable-length batches (cu_seqlens): the kernel finds each token's sequence itself ----
+
+CU = torch.tensor([0, 3, 3, 7, 12, 13], dtype=torch.int32)           # lengths 3, 0, 4, 5, 1
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("offset", [0, 4, "per-sequence"])
+def test_varlen_forward_matches_each_sequence_on_the_torch_engine(layout, dtype, offset):
+    torch.manual_seed(2)
+    fused = torch.randn(13, 4 + 2 * 2, 12).to(dtype)                # packed qkv (T, Hq + 2 Hk, D)
+    q, k = fused[:, :4], fused[:, 4:6]                               # strided GQA views, rotary 8 < 12
+    cos, sin = tables(32, 8)
+    off = torch.tensor([1, 7, 0, 3, 20]) if offset == "per-sequence" else offset
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, layout=layout, backend="triton")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, layout=layout, backend="torch")
+    for got, ref in ((qt, qr), (kt, kr)):
+        assert got.shape == ref.shape and got.dtype == dtype
+        tol = ulps(dtype, ref.double()) if dtype != torch.float32 else torch.full_like(ref.double(), 2e-6)
+        assert bool(((got.double() - ref.double()).abs() <= tol).all())
+        assert torch.equal(got[..., 8:], ref[..., 8:])
+
+
+def test_varlen_backward_and_inplace():
+    torch.manual_seed(3)
+    q = torch.randn(13, 2, 8, requires_grad=True)
+    k = torch.randn(13, 1, 8, requires_grad=True)
+    cos, sin = tables(32, 8)
+    off = torch.tensor([1, 7, 0, 3, 20])
+    g = torch.randn(13, 2, 8), torch.randn(13, 1, 8)
+    torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, backend="triton"), g)
+    grads = q.grad.clone(), k.grad.clone()
+    q.grad = k.grad = None
+    torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, backend="torch"), g)
+    torch.testing.assert_close(grads[0], q.grad, rtol=0, atol=2e-6)
+    torch.testing.assert_close(grads[1], k.grad, rtol=0, atol=2e-6)
+    q2, k2 = q.detach().clone(), k.detach().clone()
+    out = R.apply_rope_qk(q2, k2, cos, sin, cu_seqlens=CU, offset=off, inplace=True, backend="triton")
+    assert out[0] is q2 and out[1] is k2
+    ref = R.apply_rope_qk(q.detach(), k.detach(), cos, sin, cu_seqlens=CU, offset=off, backend="torch")
+    torch.testing.assert_close(q2, ref[0], rtol=0, atol=2e-6)
+
+
+def test_varlen_module_on_the_kernel_and_one_sequence():
+    rope_t = posenc.RotaryEmbedding(8, max_seq_len=32, backend="triton")
+    rope_r = posenc.RotaryEmbedding(8, max_seq_len=32, backend="torch")
+    q = torch.randn(13, 3, 8)
+    for cu in (CU, torch.tensor([0, 13])):
+        torch.testing.assert_close(rope_t(q, cu_seqlens=cu)[0], rope_r(q, cu_seqlens=cu)[0], rtol=0, atol=2e-6)
+
+
+def test_varlen_compiles_fullgraph():
+    q, k = torch.randn(13, 2, 8), torch.randn(13, 1, 8)
+    cos, sin = tables(32, 8)
+    f = torch.compile(lambda q, k: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, backend="triton",
+                                                   assume_in_table=True), fullgraph=True, backend="eager")
+    ref = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, backend="torch")
+    for a, b in zip(f(q, k), ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6)

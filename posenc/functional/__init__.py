@@ -3,7 +3,7 @@
 from posenc.functional.alibi import alibi_bias, alibi_slopes
 from posenc.functional.axial import apply_axial_rope, axial_cos_sin, grid_positions
 from posenc.functional.mrope import mrope_cos_sin, mrope_positions
-from posenc.functional.positions import positions_from_mask, positions_from_segment_ids
+from posenc.functional.positions import positions_from_cu_seqlens, positions_from_mask, positions_from_segment_ids
 from posenc.functional.relative import relative_distances, relative_position_bucket
 from posenc.functional.resize import resize_position_embedding
 from posenc.functional.rope import (
@@ -29,6 +29,7 @@ __all__ = [
     "layout_permutation",
     "mrope_cos_sin",
     "mrope_positions",
+    "positions_from_cu_seqlens",
     "positions_from_mask",
     "positions_from_segment_ids",
     "relative_distances",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
+from posenc._torch.varlen import check_cu_seqlens, check_varlen_offset, varlen_positions, varlen_range
 
-__all__ = ["positions_from_mask", "positions_from_segment_ids"]
+__all__ = ["positions_from_cu_seqlens", "positions_from_mask", "positions_from_segment_ids"]
 
 
 def positions_from_mask(mask: torch.Tensor, *, offset: int | torch.Tensor = 0) -> torch.Tensor:
@@ -90,3 +91,41 @@ def positions_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
     first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
     pos = idx - first
     return pos if segment_ids.dim() == 2 else pos[0]
+
+
+def positions_from_cu_seqlens(
+    cu_seqlens: torch.Tensor, *, offset: int | torch.Tensor = 0, total: int | None = None
+) -> torch.Tensor:
+    """Positions of the tokens of a packed batch in flash-attention's varlen format.
+
+    ``N`` sequences lie back to back in ``T`` tokens, and ``cu_seqlens`` ``(N + 1,)`` holds their
+    cumulative lengths ``[0, len_0, len_0 + len_1, ..., T]``.  Each sequence is numbered from
+    ``offset`` (or ``offset[i]``), as if it were alone: what every encoding family needs for
+    packed training batches, and, with per-sequence offsets, for decoding against cached tokens.
+
+    Args:
+        cu_seqlens: ``(N + 1,)`` int32/int64 cumulative lengths, starting at 0, never decreasing.
+        offset: first position of every sequence: an int, or an integer tensor ``(N,)``.
+        total: the number of tokens ``T``; default ``cu_seqlens[-1]`` (read from the device).
+
+    Returns:
+        ``(T,)`` int64 positions.  The values of ``cu_seqlens`` are checked (one read from the
+        device).
+
+    Raises:
+        TypeError: non-integer ``cu_seqlens`` or ``offset``.
+        ValueError: a wrong shape, or cumulative lengths that do not start at 0, decrease or do
+            not end at ``total``.
+
+    Examples:
+        >>> positions_from_cu_seqlens(torch.tensor([0, 3, 5, 9]))
+        tensor([0, 1, 2, 0, 1, 0, 1, 2, 3])
+        >>> positions_from_cu_seqlens(torch.tensor([0, 1, 2]), offset=torch.tensor([7, 4]))
+        tensor([7, 4])
+    """
+    device = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else torch.device("cpu")
+    cu_seqlens = check_cu_seqlens(cu_seqlens, device)
+    offset = check_varlen_offset(offset, cu_seqlens.shape[0] - 1, device)
+    total = int(cu_seqlens[-1]) if total is None else _validate.check_int("total", total, minimum=0)
+    varlen_range(cu_seqlens, total, offset)
+    return varlen_positions(cu_seqlens, total, offset)

@@ -45,6 +45,13 @@ from posenc._torch.checks import (
     inplace_pair_overlaps,
 )
 from posenc._torch.rows import guard_in_table, out_of_table, position_range
+from posenc._torch.varlen import (
+    check_cu_seqlens,
+    check_varlen_offset,
+    check_varlen_qk,
+    no_positions_with_cu,
+    varlen_range,
+)
 from posenc.core import exact as core_exact
 from posenc.core import rope as core_rope
 from posenc.core.notices import LOGGER_NAME
@@ -340,6 +347,7 @@ def apply_rope_qk(
     inplace: bool = False,
     backend: str = "auto",
     assume_in_table: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate queries and keys together from ``(P, d/2)`` cos/sin tables.
 
@@ -352,9 +360,11 @@ def apply_rope_qk(
         k: like ``q`` with its own head count, or None.
         cos, sin: tables ``(P, d/2)``, e.g. ``rope_cos_sin(torch.arange(P), inv_freq)``.
         positions: integer positions, ``(S,)`` or ``(B, S)``; default ``offset + arange(S)``.
-        offset: first position when ``positions`` is None (step-by-step decoding).
+        offset: first position when ``positions`` is None (step-by-step decoding); with
+            ``cu_seqlens``, an int for every sequence or an integer tensor ``(N,)`` with one first
+            position per sequence (the tokens already cached for it).
         layout: ``"half"`` or ``"interleaved"``.
-        seq_dim: the sequence axis of q and k.
+        seq_dim: the sequence axis of q and k (not used with ``cu_seqlens``).
         inplace: rotate q and k in place.
         backend: ``"auto"``, ``"torch"`` or ``"triton"`` (the fused kernel: one launch for q and k,
             reading the tables directly).
@@ -363,7 +373,14 @@ def apply_rope_qk(
             captured in a CUDA graph needs).  The lookup stays bounds-checked (an error on CPU, a
             device-side assertion on CUDA; the Triton kernel gives NaN rows), so a broken promise
             never reads outside the tables.  Without it, one range reduction per call checks
-            ``positions`` (none with ``offset``, whose range is known on the host).
+            ``positions`` (none with ``offset``, whose range is known on the host).  With
+            ``cu_seqlens`` it also promises valid cumulative lengths, which are otherwise checked
+            in the same read.
+        cu_seqlens: packed variable-length batch, as flash-attention's varlen functions take it:
+            q ``(T, H, D)`` and k ``(T, H_k, D)`` hold ``N`` sequences back to back, and
+            ``cu_seqlens`` ``(N + 1,)`` (int32/int64) their cumulative lengths ``[0, ..., T]``.
+            Positions restart at ``offset`` in every sequence, so the result equals rotating
+            each sequence alone.  The Triton kernel finds each token's sequence itself.
 
     Raises:
         TypeError: non-tensor or non-floating q/k/cos/sin, non-integer positions.
@@ -372,7 +389,21 @@ def apply_rope_qk(
 
     Returns:
         ``(q_rotated, k_rotated)`` (``k_rotated`` is None when ``k`` is None).
+
+    Examples:
+        Two packed sequences of 3 and 2 tokens; the second restarts at position 0:
+
+        >>> cos, sin = rope_cos_sin(torch.arange(8), rope_inv_freq(4)[0])
+        >>> q = torch.randn(5, 2, 4)                                  # (T, H, D)
+        >>> cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+        >>> packed, _ = apply_rope_qk(q, None, cos, sin, cu_seqlens=cu)
+        >>> alone, _ = apply_rope_qk(q[3:][None], None, cos, sin, seq_dim=1)
+        >>> torch.equal(packed[3:], alone[0])
+        True
     """
+    if cu_seqlens is not None:
+        return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_in_table,
+                                  cu_seqlens)
     sd = check_qk(q, k, seq_dim, _table_rotary_dim(cos, sin))
     if cos.device != q.device or sin.device != q.device:                # (one comparison each on the hot path)
         for name, t in (("cos", cos), ("sin", sin)):
@@ -395,6 +426,35 @@ def apply_rope_qk(
                         inplace=False)
         return q.copy_(qr), k.copy_(kr)
     return engine(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd, inplace=inplace)
+
+
+def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_in_table, cu_seqlens):
+    """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``."""
+    check_varlen_qk(q, k, _table_rotary_dim(cos, sin))
+    no_positions_with_cu(positions)
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_same_device(name, t, "q", q.device)
+    _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+    check_rope_backend(backend)
+    _validate.check_bool("assume_in_table", assume_in_table)
+    _validate.check_bool("inplace", inplace)
+    cu_seqlens = check_cu_seqlens(cu_seqlens, q.device)
+    offset = check_varlen_offset(offset, cu_seqlens.shape[0] - 1, q.device)
+    if not assume_in_table and not torch.compiler.is_compiling():
+        lo, hi = varlen_range(cu_seqlens, q.shape[0], offset)
+        if q.shape[0] and (lo < 0 or hi >= cos.shape[0]):
+            raise out_of_table("positions", lo, hi, cos.shape[0],
+                               "build a longer table or use posenc.nn.RotaryEmbedding, which computes them")
+    why = None
+    if kernel_possible(backend, q):
+        why = kernel_limits(q[None], 1) or (None if k is None else kernel_limits(k[None], 1))
+    engine = rope_engine(resolve_rope_backend(backend, q, why))
+    if inplace and inplace_pair_overlaps(q, k) and k is not None:       # views of one buffer: rotate, then copy
+        qr, kr = engine(q, k, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0,
+                        inplace=False, cu_seqlens=cu_seqlens)
+        return q.copy_(qr), k.copy_(kr)
+    return engine(q, k, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0, inplace=inplace,
+                  cu_seqlens=cu_seqlens)
 
 
 def _table_rotary_dim(cos: torch.Tensor, sin: torch.Tensor) -> int:

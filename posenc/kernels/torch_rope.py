@@ -24,6 +24,7 @@ import torch
 from posenc._torch.alloc import empty_like
 from posenc._torch.angles import working_dtype
 from posenc._torch.rows import broadcast_rows, table_rows
+from posenc._torch.varlen import varlen_positions
 
 __all__ = ["BLOCK", "rope_qk", "rotate", "rotate_reference"]
 
@@ -268,15 +269,26 @@ def unpack_tables(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, torc
 
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None, sin: torch.Tensor | None,
-            positions: torch.Tensor | None, offset: int, layout: str, seq_dim: int, inplace: bool,
-            packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            positions: torch.Tensor | None, offset: int | torch.Tensor, layout: str, seq_dim: int, inplace: bool,
+            packed: torch.Tensor | None = None,
+            cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate q and k by the rows of ``(P, h)`` tables for ``positions`` or ``offset + arange(S)``.
 
     The tables are ``cos`` and ``sin``, or ``packed`` (their float32 :func:`pack_tables` form, as
     ``RotaryEmbedding`` stores them; then ``cos``/``sin`` are None), which saves the small path's
     per-call preparation.  ``seq_dim`` is the non-negative sequence axis of q and k; positions lie
     inside the tables (the caller checked or guarded them; the lookup is bounds-checked as well).
+    With ``cu_seqlens``, q and k are packed ``(T, H, D)`` sequences whose positions restart at
+    ``offset`` (an int, or a tensor with one first position per sequence).
     """
+    if cu_seqlens is not None:
+        pos = varlen_positions(cu_seqlens, q.shape[0], offset)[None]      # (1, T)
+        qo, ko = rope_qk(q[None], None if k is None else k[None], cos=cos, sin=sin, positions=pos, offset=0,
+                         layout=layout, seq_dim=1, inplace=inplace, packed=packed)   # (1, T, H, D)
+        if inplace:
+            return q, k
+        return qo[0], (None if ko is None else ko[0])
+    assert not isinstance(offset, torch.Tensor)                            # per-sequence offsets need cu_seqlens
     seq_len = q.shape[seq_dim]
     nd = q.dim()
     if packed is not None:

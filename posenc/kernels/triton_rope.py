@@ -58,14 +58,28 @@ def _rope_qk_kernel(
     S, HQ, HK, H2, P, offset,
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
     so_b, so_s, so_h, so_d, sko_b, sko_s, sko_h, sko_d,
-    sp_b, sp_s, st_row, st_col,
+    sp_b, sp_s, st_row, st_col, cu_ptr, soff_ptr, n_seqs, n_steps,
     HAS_POS: tl.constexpr, HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_CU: tl.constexpr, HAS_SOFF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     tok = tl.program_id(0)
     b = tok // S
     s = tok % S
-    if HAS_POS:
+    if HAS_CU:
+        # packed sequences: binary search for the last i with cu[i] <= tok (n_steps = ceil(log2(N)) + 1)
+        lo = tl.zeros((), dtype=tl.int64)
+        hi = lo + n_seqs
+        for _ in range(n_steps):
+            mid = (lo + hi) // 2
+            go = tl.load(cu_ptr + mid).to(tl.int64) <= tok
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid)
+        pos = tok - tl.load(cu_ptr + lo).to(tl.int64)
+        if HAS_SOFF:
+            pos += tl.load(soff_ptr + lo).to(tl.int64)
+        else:
+            pos += offset
+    elif HAS_POS:
         pos = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
     else:
         pos = (s + offset).to(tl.int64)
@@ -92,8 +106,12 @@ def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:
     return t.shape[2], t.stride(0), t.stride(1), t.stride(2), t.stride(3)
 
 
-def launch(q, k, qo, ko, cos, sin, positions, offset: int, interleaved: bool, seq_dim: int, conj: bool) -> None:
-    """Rotate ``q`` (and ``k``) into ``qo`` (and ``ko``); they may alias for in-place rotation."""
+def launch(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim: int, conj: bool,
+           cu_seqlens=None) -> None:
+    """Rotate ``q`` (and ``k``) into ``qo`` (and ``ko``); they may alias for in-place rotation.
+
+    With ``cu_seqlens`` (``(N + 1,)``), q is ``(1, T, H, D)`` (``seq_dim=1``) holding packed
+    sequences, and ``offset`` an int or an ``(N,)`` tensor of first positions."""
     B, S = q.shape[0], q.shape[seq_dim]
     h2 = cos.shape[-1]
     hq, *sq = _axes(q, seq_dim)
@@ -108,13 +126,17 @@ def launch(q, k, qo, ko, cos, sin, positions, offset: int, interleaved: bool, se
             positions.stride(0) if positions.shape[0] > 1 else 0, positions.stride(1))
     else:
         sp = (0, 0)
+    n_seqs = 0 if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    seq_off = offset if isinstance(offset, torch.Tensor) else None
     block_d = triton.next_power_of_2(h2)
     block_h = max(1, min(triton.next_power_of_2(max(hq, hk, 1)), max(1, 4096 // block_d)))
     _rope_qk_kernel[(B * S,)](
         q, k, qo, ko, cos, sin, positions if positions is not None else cos,
-        S, hq, hk, h2, cos.shape[0], offset, *sq, *sk, *so, *sko, *sp, cos.stride(0), cos.stride(1),
+        S, hq, hk, h2, cos.shape[0], 0 if seq_off is not None else offset, *sq, *sk, *so, *sko, *sp,
+        cos.stride(0), cos.stride(1), cu_seqlens if cu_seqlens is not None else cos,
+        seq_off if seq_off is not None else cos, n_seqs, max(n_seqs - 1, 1).bit_length() + 1,
         HAS_POS=positions is not None, HAS_K=hk > 0, INTERLEAVED=interleaved, CONJ=conj,
-        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 1024 else 8,
+        HAS_CU=cu_seqlens is not None, HAS_SOFF=seq_off is not None, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 1024 else 8,
     )
 
 
@@ -128,47 +150,53 @@ def _new_like(x: torch.Tensor, rotary: int) -> torch.Tensor:
 @torch.library.custom_op("posenc::rope_qk", mutates_args=())
 def _rope_qk_op(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 positions: torch.Tensor | None, offset: int, interleaved: bool, seq_dim: int,
-                conj: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                conj: bool, cu_seqlens: torch.Tensor | None = None,
+                seq_offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     rotary = 2 * cos.shape[-1]
     qo = _new_like(q, rotary)
     ko = _new_like(k, rotary) if k is not None else q.new_empty(0)
-    launch(q, k, qo, ko if k is not None else None, cos, sin, positions, offset, interleaved, seq_dim, conj)
+    launch(q, k, qo, ko if k is not None else None, cos, sin, positions,
+           seq_offsets if seq_offsets is not None else offset, interleaved, seq_dim, conj, cu_seqlens)
     return qo, ko
 
 
 @_rope_qk_op.register_fake
-def _(q, k, cos, sin, positions, offset, interleaved, seq_dim, conj):
+def _(q, k, cos, sin, positions, offset, interleaved, seq_dim, conj, cu_seqlens=None, seq_offsets=None):
     return torch.empty_like(q), (torch.empty_like(k) if k is not None else q.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, cos, sin, positions, offset, interleaved, seq_dim, conj = inputs
-    ctx.save_for_backward(cos, sin, positions if positions is not None else cos.new_empty(0))
-    ctx.has_pos = positions is not None
+    q, k, cos, sin, positions, offset, interleaved, seq_dim, conj, cu_seqlens, seq_offsets = inputs
+    empty = cos.new_empty(0)
+    ctx.save_for_backward(cos, sin, *(t if t is not None else empty for t in (positions, cu_seqlens, seq_offsets)))
+    ctx.given = tuple(t is not None for t in (positions, cu_seqlens, seq_offsets))
     ctx.has_k = k is not None
     ctx.args = (offset, interleaved, seq_dim, conj)
 
 
 def _backward(ctx, grad_q, grad_k):
-    cos, sin, positions = ctx.saved_tensors
+    cos, sin, *index = ctx.saved_tensors
+    positions, cu_seqlens, seq_offsets = (t if given else None for t, given in zip(index, ctx.given, strict=True))
     offset, interleaved, seq_dim, conj = ctx.args
     gq, gk = _rope_qk_op(grad_q.contiguous(), grad_k.contiguous() if ctx.has_k else None, cos, sin,
-                         positions if ctx.has_pos else None, offset, interleaved, seq_dim, not conj)
-    return gq, (gk if ctx.has_k else None), None, None, None, None, None, None, None
+                         positions, offset, interleaved, seq_dim, not conj, cu_seqlens, seq_offsets)
+    return (gq, (gk if ctx.has_k else None)) + (None,) * 9
 
 
 _rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None, sin: torch.Tensor | None,
-            positions: torch.Tensor | None, offset: int, layout: str, seq_dim: int, inplace: bool,
-            packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            positions: torch.Tensor | None, offset: int | torch.Tensor, layout: str, seq_dim: int, inplace: bool,
+            packed: torch.Tensor | None = None,
+            cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate q and k by the rows of ``(P, d/2)`` tables for ``positions`` or ``offset + arange(S)``.
 
     ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; ``positions`` is ``(S,)``,
-    ``(B, S)`` or None.  Callers validate the arguments and pick this engine.  The tables are
-    ``cos``/``sin`` or ``packed`` (see :func:`posenc.kernels.torch_rope.pack_tables`), read through
-    their strides without copies.
+    ``(B, S)`` or None.  With ``cu_seqlens``, q and k are packed ``(T, H, D)`` sequences whose
+    positions restart at ``offset`` (an int or one per sequence), found inside the kernel.  Callers
+    validate the arguments and pick this engine.  The tables are ``cos``/``sin`` or ``packed``
+    (see :func:`posenc.kernels.torch_rope.pack_tables`), read through their strides without copies.
     """
     if packed is not None:
         cos, sin = unpack_tables(packed, layout)
@@ -176,14 +204,28 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
         raise TypeError("rope_qk needs the tables: cos and sin, or packed")
     if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
         cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
+    if cu_seqlens is not None:                                             # (T, H, D) -> (1, T, H, D)
+        q4, k4 = q[None], (None if k is None else k[None])
+        seq_offsets, first = (offset, 0) if isinstance(offset, torch.Tensor) else (None, offset)
+        qo, ko = _rotate(q4, k4, cos, sin, None, first, layout, 1, inplace, cu_seqlens, seq_offsets)
+        if inplace:
+            return q, k
+        return qo[0], (None if ko is None else ko[0])
     if positions is not None:
         positions = positions.to(q.device)
+    assert not isinstance(offset, torch.Tensor)                            # per-sequence offsets need cu_seqlens
+    return _rotate(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, None, None)
+
+
+def _rotate(q, k, cos, sin, positions, offset: int, layout: str, seq_dim: int, inplace: bool, cu_seqlens,
+            seq_offsets):
     interleaved = layout == "interleaved"
     grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     if inplace and not grad and not torch.compiler.is_compiling():
-        launch(q, k, q, k, cos, sin, positions, offset, interleaved, seq_dim, False)
+        launch(q, k, q, k, cos, sin, positions, seq_offsets if seq_offsets is not None else offset, interleaved,
+               seq_dim, False, cu_seqlens)
         return q, k
-    qo, ko = _rope_qk_op(q, k, cos, sin, positions, offset, interleaved, seq_dim, False)
+    qo, ko = _rope_qk_op(q, k, cos, sin, positions, offset, interleaved, seq_dim, False, cu_seqlens, seq_offsets)
     if inplace:
         q.copy_(qo)
         if k is not None:

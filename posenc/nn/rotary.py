@@ -21,6 +21,14 @@ from posenc._torch.checks import (
 )
 from posenc._torch.rows import guard_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
+from posenc._torch.varlen import (
+    check_cu_seqlens,
+    check_varlen_offset,
+    check_varlen_qk,
+    no_positions_with_cu,
+    varlen_positions,
+    varlen_range,
+)
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
@@ -258,6 +266,7 @@ class RotaryEmbedding(TableModule):
         inplace: bool = False,
         seq_len: int | None = None,
         assume_in_table: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
 
@@ -272,10 +281,60 @@ class RotaryEmbedding(TableModule):
             seq_len: current sequence length for length-dependent rules (default: the largest
                 position + 1).
             assume_in_table: promise that ``positions`` lie in ``[0, max_seq_len)``: their range
-                is not read back from the device (see the class docstring).
+                is not read back from the device (see the class docstring).  With ``cu_seqlens``,
+                it also promises valid cumulative lengths.
+            cu_seqlens: a packed variable-length batch (flash-attention's varlen format): q
+                ``(T, H, D)`` and k ``(T, H_k, D)`` hold ``N`` sequences back to back and
+                ``cu_seqlens`` ``(N + 1,)`` their cumulative lengths ``[0, ..., T]``.  Positions
+                restart at ``offset`` in every sequence (an int, or an integer tensor ``(N,)``:
+                the tokens already cached per sequence), so the result equals rotating each
+                sequence alone, length-dependent rules included (each sequence with its own
+                length, unless ``seq_len`` is given).  ``seq_dim`` is not used.
         """
+        if cu_seqlens is not None:
+            return self._rotate_varlen(q, k, positions, offset, seq_len, assume_in_table, inplace, cu_seqlens)
         sd = check_qk(q, k, seq_dim, self.dim)
         return self._rotate_checked(q, k, sd, positions, offset, seq_len, assume_in_table, inplace, False)
+
+    def _rotate_varlen(self, q, k, positions, offset, seq_len, assume, inplace, cu_seqlens):
+        """:meth:`forward` on a packed ``(T, H, D)`` batch: positions from ``cu_seqlens``, checked
+        and ranged in one device read, then one rotation of the whole batch."""
+        check_varlen_qk(q, k, self.dim)
+        no_positions_with_cu(positions)
+        cu_seqlens = check_cu_seqlens(cu_seqlens, q.device)
+        offset = check_varlen_offset(offset, cu_seqlens.shape[0] - 1, q.device)
+        _validate.check_bool("assume_in_table", assume)
+        if seq_len is None and self._length_dependent:
+            # each sequence alone has its own length, hence its own frequencies: one call per sequence
+            return self._rotate_each(q, k, offset, assume, inplace, cu_seqlens)
+        rng = None if assume or torch.compiler.is_compiling() else varlen_range(cu_seqlens, q.shape[0], offset)
+        in_table = assume or (rng is not None and self._in_table(rng))
+        pos = varlen_positions(cu_seqlens, q.shape[0], offset)[None]                 # (1, T)
+        qo, ko = self._rotate_checked(q[None], None if k is None else k[None], 1, pos, 0, seq_len, in_table, inplace,
+                                      False)                                         # (1, T, H, D)
+        if inplace:
+            return q, k
+        return qo[0], (None if ko is None else ko[0])
+
+    def _rotate_each(self, q, k, offset, assume, inplace, cu_seqlens):
+        """Rotate every sequence of a packed batch alone (lengths read from the device once)."""
+        if not assume:
+            varlen_range(cu_seqlens, q.shape[0], offset)                             # checks cu_seqlens
+        bounds = cu_seqlens.tolist()
+        starts = offset.tolist() if isinstance(offset, torch.Tensor) else [offset] * (len(bounds) - 1)
+        outs_q, outs_k = [], []
+        for a, b, start in zip(bounds, bounds[1:], starts, strict=False):
+            if a == b:
+                continue
+            qi, ki = self._rotate_checked(q[a:b][None], None if k is None else k[a:b][None], 1, None, start, None,
+                                          assume, inplace, False)                    # (1, len, H, D)
+            outs_q.append(qi[0])
+            outs_k.append(None if ki is None else ki[0])
+        if inplace:
+            return q, k
+        if not outs_q:
+            return q.clone(), (None if k is None else k.clone())
+        return torch.cat(outs_q), (None if k is None else torch.cat(outs_k))
 
     def rotate(
         self,

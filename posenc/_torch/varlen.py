@@ -1,0 +1,116 @@
+"""Packed variable-length batches described by ``cu_seqlens`` (not public).
+
+flash-attention's varlen convention: the tokens of ``N`` sequences are concatenated into one
+``(T, H, D)`` tensor, and the int32/int64 vector ``cu_seqlens`` ``(N + 1,)`` holds the cumulative
+lengths ``[0, len_0, len_0 + len_1, ..., T]``: sequence ``i`` is tokens ``cu_seqlens[i] ..
+cu_seqlens[i + 1] - 1``.  Its positions restart at 0, or at ``offset[i]`` (tokens already cached for
+that sequence, when decoding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posenc._torch.checks import check_offset
+
+_FIX = "build it as torch.cat([zeros(1), lengths.cumsum(0)]) (int32 or int64) on the tokens' device"
+
+
+def check_cu_seqlens(cu_seqlens: object, device: torch.device) -> torch.Tensor:
+    """The shape, dtype and device of ``cu_seqlens`` (its values are checked by :func:`varlen_range`)."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be an integer torch.Tensor (N + 1,), got {type(cu_seqlens).__name__}; {_FIX}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must hold int32 or int64 cumulative lengths, got dtype {cu_seqlens.dtype}; {_FIX}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(
+            f"cu_seqlens must have shape (N + 1,) with N >= 1 sequences, got {tuple(cu_seqlens.shape)}; {_FIX}"
+        )
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the tokens on {device}; move it with .to()")
+    return cu_seqlens
+
+
+def check_varlen_offset(offset: object, num_seqs: int, device: torch.device) -> int | torch.Tensor:
+    """``offset`` of a packed batch: an int for every sequence, or an integer tensor ``(N,)``."""
+    if not isinstance(offset, torch.Tensor):
+        return check_offset(offset)
+    if offset.dtype.is_floating_point or offset.dtype.is_complex or offset.dtype == torch.bool:
+        raise TypeError(f"offset must be an int or an integer tensor (N,), got dtype {offset.dtype}; use .long()")
+    if offset.shape != (num_seqs,):
+        raise ValueError(
+            f"offset must be an int or one first position per sequence, shape ({num_seqs},) for "
+            f"cu_seqlens of {num_seqs + 1} entries; got shape {tuple(offset.shape)}"
+        )
+    if offset.device != device:
+        raise ValueError(f"offset is on {offset.device} but the tokens on {device}; move it with .to()")
+    return offset
+
+
+def varlen_range(cu_seqlens: torch.Tensor, total: int, offset: int | torch.Tensor) -> tuple[int, int]:
+    """Check the values of ``cu_seqlens`` against ``total`` tokens, with one read from the device,
+    and return the ``(min, max)`` position of the packed batch (``(0, -1)`` when it is empty)."""
+    cu = cu_seqlens.long()
+    lengths = cu[1:] - cu[:-1]                                           # (N,)
+    starts = offset.long() if isinstance(offset, torch.Tensor) else torch.full_like(lengths, offset)
+    nonempty = lengths > 0
+    big, small = torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min
+    stats = torch.stack([
+        cu[0], cu[-1], lengths.min(),
+        torch.where(nonempty, starts, big).min(),
+        torch.where(nonempty, starts + lengths - 1, small).max(),
+    ]).tolist()                                                          # one transfer
+    first, last, shortest, lo, hi = stats
+    if first != 0 or last != total or shortest < 0:
+        raise ValueError(
+            f"cu_seqlens must start at 0, never decrease and end at the number of tokens T={total}; got first "
+            f"{first}, last {last}{', and a decrease' if shortest < 0 else ''}; {_FIX}"
+        )
+    return (lo, hi) if total else (0, -1)
+
+
+def varlen_positions(cu_seqlens: torch.Tensor, total: int, offset: int | torch.Tensor) -> torch.Tensor:
+    """``(T,)`` int64 positions of a packed batch (no reads from the device).
+
+    Token ``t`` of sequence ``i`` (``cu[i] <= t < cu[i + 1]``) is at ``t - cu[i] + offset[i]``.
+    """
+    cu = cu_seqlens.long()
+    tokens = torch.arange(total, device=cu.device)                       # (T,)
+    seq = torch.searchsorted(cu[1:], tokens, right=True).clamp_(max=cu.shape[0] - 2)   # (T,) sequence of each token
+    pos = tokens - cu[seq]
+    if isinstance(offset, torch.Tensor):
+        return pos + offset.long()[seq]
+    return pos + offset if offset else pos
+
+
+def sequence_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """``(T,)`` int64 index of each token's sequence (no reads from the device)."""
+    tokens = torch.arange(total, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens.long()[1:], tokens, right=True)
+
+
+def check_varlen_qk(q: torch.Tensor, k: torch.Tensor | None, rotary_dim: int | None) -> None:
+    """Packed queries ``(T, H, D)`` and keys ``(T, H_k, D)`` (or None)."""
+    for name, t in (("q", q), ("k", k)):
+        if t is None and name == "k":
+            continue
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() != 3:
+            raise ValueError(
+                f"with cu_seqlens, {name} must be packed tokens (T, H, D), got shape {tuple(t.shape)}; "
+                f"for a padded (B, S, H, D) batch pass positions instead"
+            )
+        if rotary_dim is not None and t.shape[-1] < rotary_dim:
+            raise ValueError(f"{name} has head dim {t.shape[-1]} < rotary dim {rotary_dim}")
+    if k is not None:
+        if k.shape[0] != q.shape[0]:
+            raise ValueError(f"k {tuple(k.shape)} and q {tuple(q.shape)} must hold the same tokens T")
+        if k.device != q.device:
+            raise ValueError(f"k is on {k.device} but q on {q.device}; move it with .to()")
+
+
+def no_positions_with_cu(positions: object) -> None:
+    if positions is not None:
+        raise ValueError("pass either cu_seqlens or positions, not both: cu_seqlens defines the positions")
+
