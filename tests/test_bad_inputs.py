@@ -553,6 +553,90 @@ good("positions_from_mask", "mask-meta", lambda: F.positions_from_mask(torch.one
      lambda out: (out.is_meta and out.shape == (2, 3)) or pytest.fail("not a (2, 3) meta tensor"))
 good("positions_from_segment_ids", "ids-meta", lambda: F.positions_from_segment_ids(torch.ones(2, 3, dtype=torch.long, device=META)),
      lambda out: (out.is_meta and out.shape == (2, 3)) or pytest.fail("not a (2, 3) meta tensor"))
+# rope_and_cache: rotate q and k and write k and v into a preallocated cache (contiguous or paged)
+def _cache_call(kind: str, **kw):
+    q, k, v = rand(2, 2, 3, 8, seed=11), rand(2, 1, 3, 8, seed=12), rand(2, 1, 3, 8, seed=13)   # (B, H, S, D)
+    kc, vc = torch.zeros(2, 1, 6, 8), torch.zeros(2, 1, 6, 8)                                  # (B, Hk, S_max, D)
+    args = {"cache_seqlens": torch.tensor([0, 2])}
+    if kind == "paged":
+        q, k, v = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)            # (T=3, H, D)
+        kc, vc = torch.zeros(3, 2, 1, 8), torch.zeros(3, 2, 1, 8)                              # (blocks, size, Hk, D)
+        args = {"slots": torch.tensor([4, -1, 1]), "positions": torch.tensor([5, 0, 7])}
+    args.update(kw)
+    return F.rope_and_cache(q, k, v, kc, vc, C8, S8, **args), (q, k, v, kc, vc)
+
+
+def _check_contiguous_cache(out):
+    q_rot, (q, k, v, kc, vc) = out
+    pos = np.array([[0, 1, 2], [2, 3, 4]])
+    close(q_rot, np.stack([ref_rope(q[b], pos[b]) for b in range(2)]))
+    for b, start in ((0, 0), (1, 2)):
+        close(kc[b, :, start:start + 3], ref_rope(k[b], pos[b]))
+        close(vc[b, :, start:start + 3], v[b].numpy())
+    close(kc[0, :, 3:], np.zeros((1, 3, 8)))
+
+
+def _check_paged_cache(out):
+    q_rot, (q, k, v, kc, vc) = out
+    pos = np.array([5, 0, 7])
+    close(q_rot, ref_rope(q.transpose(0, 1), pos).transpose(1, 0, 2))
+    close(kc[2, 0], ref_rope(k[0:1].transpose(0, 1), pos[0:1]).transpose(1, 0, 2)[0])
+    close(vc[0, 1], v[2].numpy())
+    assert int(vc.ne(0).any(-1).sum()) == 2                                  # the slot -1 token is not written
+
+
+good("rope_and_cache", "contiguous-gqa", lambda: _cache_call("contiguous"), _check_contiguous_cache)
+good("rope_and_cache", "paged-slot-minus-1", lambda: _cache_call("paged"), _check_paged_cache)
+for _id, _kind, _kw, _exc, _match in [
+    ("both-kinds", "contiguous", {"slots": torch.tensor([0, 1, 2])}, ValueError, "exactly one of cache_seqlens and slots"),
+    ("seqlens-float", "contiguous", {"cache_seqlens": torch.tensor([0.0, 2.0])}, TypeError, "cache_seqlens must be an integer"),
+    ("seqlens-shape", "contiguous", {"cache_seqlens": torch.tensor([0])}, ValueError, r"cache_seqlens must have shape \(2,\)"),
+    ("cache-overflow", "contiguous", {"cache_seqlens": torch.tensor([0, 4])}, ValueError, "S_max=6"),
+    ("slot-past-cache", "paged", {"slots": torch.tensor([6, 0, 1])}, ValueError, "slots must be < num_blocks"),
+    ("paged-no-positions", "paged", {"positions": None}, ValueError, "positions .* are required with slots"),
+    ("position-past-table", "paged", {"positions": torch.tensor([8, 0, 0])}, ValueError, r"must lie in \[0, 8\)"),
+    ("assume-valid-int", "paged", {"assume_valid": 1}, TypeError, "assume_valid must be a bool"),
+    ("layout", "paged", {"layout": "neox"}, ValueError, "layout must be one of"),
+]:
+    bad("rope_and_cache", _id, lambda kind=_kind, kw=_kw: _cache_call(kind, **kw), _exc, _match)
+
+
+# positions_from_cu_seqlens: cumulative lengths of packed sequences; the reference numbers each one from its offset
+def ref_from_cu(cu, offsets=None) -> np.ndarray:
+    out = []
+    for i, (a, z) in enumerate(zip(cu, cu[1:], strict=False)):
+        out += [(0 if offsets is None else offsets[i]) + j for j in range(z - a)]
+    return np.asarray(out, np.int64)
+
+
+good("positions_from_cu_seqlens", "cu-int32-empty-sequence", lambda: F.positions_from_cu_seqlens(
+    torch.tensor([0, 2, 2, 5], dtype=torch.int32)), lambda out: close(out, ref_from_cu([0, 2, 2, 5])))
+good("positions_from_cu_seqlens", "cu-offsets-int16", lambda: F.positions_from_cu_seqlens(
+    torch.tensor([0, 1, 3]), offset=torch.tensor([9, 4], dtype=torch.int16)),
+    lambda out: close(out, ref_from_cu([0, 1, 3], [9, 4])))
+good("positions_from_cu_seqlens", "cu-no-tokens", lambda: F.positions_from_cu_seqlens(torch.tensor([0, 0])),
+     lambda out: close(out, np.zeros(0, np.int64)))
+good("positions_from_cu_seqlens", "cu-meta", lambda: F.positions_from_cu_seqlens(
+    torch.tensor([0, 2, 5], device=META), total=5),
+    lambda out: (out.is_meta and out.shape == (5,)) or pytest.fail("not a (5,) meta tensor"))
+for _id, _cu, _kw, _exc, _match in [
+    ("cu-list", lambda: [0, 2], {}, TypeError, "cu_seqlens must be an integer torch.Tensor"),
+    ("cu-float", lambda: torch.tensor([0.0, 2.0]), {}, TypeError, "cu_seqlens must hold int32 or int64"),
+    ("cu-uint8", lambda: torch.tensor([0, 2], dtype=torch.uint8), {}, TypeError, "cu_seqlens must hold int32 or int64"),
+    ("cu-one-entry", lambda: torch.tensor([0]), {}, ValueError, r"cu_seqlens must have shape \(N \+ 1,\)"),
+    ("cu-2-d", lambda: torch.tensor([[0, 2]]), {}, ValueError, r"cu_seqlens must have shape \(N \+ 1,\)"),
+    ("cu-not-from-0", lambda: torch.tensor([1, 2]), {}, ValueError, "cu_seqlens must start at 0"),
+    ("cu-decreasing", lambda: torch.tensor([0, 3, 2]), {}, ValueError, "never decrease"),
+    ("cu-total", lambda: torch.tensor([0, 3]), {"total": 4}, ValueError, "end at the number of tokens T=4"),
+    ("cu-total-negative", lambda: torch.tensor([0, 3]), {"total": -1}, ValueError, "total"),
+    ("cu-offset-float", lambda: torch.tensor([0, 3]), {"offset": 1.5}, TypeError, "offset"),
+    ("cu-offset-shape", lambda: torch.tensor([0, 3]), {"offset": torch.tensor([1, 2])}, ValueError,
+     r"offset must be an int or one first position per sequence, shape \(1,\)"),
+    ("cu-meta-no-total", lambda: torch.tensor([0, 3], device=META), {}, ValueError, "total"),
+]:
+    bad("positions_from_cu_seqlens", _id, lambda c=_cu, kw=_kw: F.positions_from_cu_seqlens(c(), **kw), _exc, _match)
+
+
 for _id, _offset, _want in [
     ("int", 5, 5), ("negative", -5, -5), ("tensor", lambda: torch.tensor([5, 7]), [5, 7]),
     ("tensor-uint8", lambda: torch.tensor([5, 7], dtype=torch.uint8), [5, 7]), ("tensor-0-d", lambda: torch.tensor(4), 4),

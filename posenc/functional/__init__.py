@@ -2,6 +2,7 @@
 
 from posenc.functional.alibi import alibi_bias, alibi_slopes
 from posenc.functional.axial import apply_axial_rope, axial_cos_sin, grid_positions
+from posenc.functional.cache import rope_and_cache
 from posenc.functional.mrope import mrope_cos_sin, mrope_positions
 from posenc.functional.positions import positions_from_cu_seqlens, positions_from_mask, positions_from_segment_ids
 from posenc.functional.relative import relative_distances, relative_position_bucket
@@ -35,6 +36,7 @@ __all__ = [
     "relative_distances",
     "relative_position_bucket",
     "resize_position_embedding",
+    "rope_and_cache",
     "rope_cos_sin",
     "rope_inv_freq",
     "sincos_table_nd",

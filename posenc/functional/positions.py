@@ -106,7 +106,8 @@ def positions_from_cu_seqlens(
     Args:
         cu_seqlens: ``(N + 1,)`` int32/int64 cumulative lengths, starting at 0, never decreasing.
         offset: first position of every sequence: an int, or an integer tensor ``(N,)``.
-        total: the number of tokens ``T``; default ``cu_seqlens[-1]`` (read from the device).
+        total: the number of tokens ``T``; default ``cu_seqlens[-1]`` (read from the device;
+            required on the meta device).
 
     Returns:
         ``(T,)`` int64 positions.  The values of ``cu_seqlens`` are checked (one read from the
@@ -126,6 +127,11 @@ def positions_from_cu_seqlens(
     device = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else torch.device("cpu")
     cu_seqlens = check_cu_seqlens(cu_seqlens, device)
     offset = check_varlen_offset(offset, cu_seqlens.shape[0] - 1, device)
-    total = int(cu_seqlens[-1]) if total is None else _validate.check_int("total", total, minimum=0)
-    varlen_range(cu_seqlens, total, offset)
+    if total is None:
+        if cu_seqlens.is_meta:
+            raise ValueError("cu_seqlens on the meta device holds no values: pass total= (the number of tokens T)")
+        total = int(cu_seqlens[-1])
+    total = _validate.check_int("total", total, minimum=0)
+    if not cu_seqlens.is_meta:
+        varlen_range(cu_seqlens, total, offset)
     return varlen_positions(cu_seqlens, total, offset)

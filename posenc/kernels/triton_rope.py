@@ -58,45 +58,57 @@ def _rope_qk_kernel(
     S, HQ, HK, H2, P, offset,
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
     so_b, so_s, so_h, so_d, sko_b, sko_s, sko_h, sko_d,
-    sp_b, sp_s, st_row, st_col, cu_ptr, soff_ptr, n_seqs, n_steps,
+    sp_b, sp_s, st_row, st_col, cu_ptr, soff_ptr, n_seqs, n_steps, n_tokens,
     HAS_POS: tl.constexpr, HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
     HAS_CU: tl.constexpr, HAS_SOFF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    TOKENS: tl.constexpr,
 ):
-    tok = tl.program_id(0)
-    b = tok // S
-    s = tok % S
-    if HAS_CU:
-        # packed sequences: binary search for the last i with cu[i] <= tok (n_steps = ceil(log2(N)) + 1)
-        lo = tl.zeros((), dtype=tl.int64)
-        hi = lo + n_seqs
-        for _ in range(n_steps):
-            mid = (lo + hi) // 2
-            go = tl.load(cu_ptr + mid).to(tl.int64) <= tok
-            lo = tl.where(go, mid, lo)
-            hi = tl.where(go, hi, mid)
-        pos = tok - tl.load(cu_ptr + lo).to(tl.int64)
-        if HAS_SOFF:
-            pos += tl.load(soff_ptr + lo).to(tl.int64)
-        else:
-            pos += offset
-    elif HAS_POS:
-        pos = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
-    else:
-        pos = (s + offset).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    pos_d = offs_d.to(tl.int64) * 0 + pos                                   # the position, per feature
-    inside = (pos_d >= 0) & (pos_d < P)
-    row = tl.where(inside, pos_d, 0)
-    mask_d = (offs_d < H2) & inside
-    c = tl.load(cos_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
-    sn = tl.load(sin_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
-    if CONJ:
-        sn = -sn
-    _rotate_heads(q_ptr + b * sq_b + s * sq_s, qo_ptr + b * so_b + s * so_s, HQ, sq_h, sq_d, so_h, so_d, c, sn, H2,
-                  INTERLEAVED, BLOCK_H, BLOCK_D)
-    if HAS_K:
-        _rotate_heads(k_ptr + b * sk_b + s * sk_s, ko_ptr + b * sko_b + s * sko_s, HK, sk_h, sk_d, sko_h, sko_d, c, sn,
-                      H2, INTERLEAVED, BLOCK_H, BLOCK_D)
+    # TOKENS consecutive tokens per program: fewer, fuller programs when a token has few heads
+    for i in tl.static_range(TOKENS):
+        tok = tl.program_id(0).to(tl.int64) * TOKENS + i
+        if tok < n_tokens:
+            b = tok // S
+            s = tok % S
+            if HAS_CU:
+                # packed sequences: binary search for the last i with cu[i] <= tok (n_steps >= ceil(log2(N)))
+                lo = tl.zeros((), dtype=tl.int64)
+                hi = lo + n_seqs
+                for _ in range(n_steps):
+                    mid = (lo + hi) // 2
+                    go = tl.load(cu_ptr + mid).to(tl.int64) <= tok
+                    lo = tl.where(go, mid, lo)
+                    hi = tl.where(go, hi, mid)
+                pos = tok - tl.load(cu_ptr + lo).to(tl.int64)
+                if HAS_SOFF:
+                    pos += tl.load(soff_ptr + lo).to(tl.int64)
+                else:
+                    pos += offset
+            elif HAS_POS:
+                pos = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
+            else:
+                pos = (s + offset).to(tl.int64)
+            offs_d = tl.arange(0, BLOCK_D)
+            pos_d = offs_d.to(tl.int64) * 0 + pos                           # the position, per feature
+            inside = (pos_d >= 0) & (pos_d < P)
+            row = tl.where(inside, pos_d, 0)
+            mask_d = (offs_d < H2) & inside
+            c = tl.load(cos_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
+            sn = tl.load(sin_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
+            if CONJ:
+                sn = -sn
+            _rotate_heads(q_ptr + b * sq_b + s * sq_s, qo_ptr + b * so_b + s * so_s, HQ, sq_h, sq_d, so_h, so_d, c,
+                          sn, H2, INTERLEAVED, BLOCK_H, BLOCK_D)
+            if HAS_K:
+                _rotate_heads(k_ptr + b * sk_b + s * sk_s, ko_ptr + b * sko_b + s * sko_s, HK, sk_h, sk_d, sko_h,
+                              sko_d, c, sn, H2, INTERLEAVED, BLOCK_H, BLOCK_D)
+
+
+def tokens_per_program(heads: int, h2: int, n_tokens: int) -> int:
+    """Tokens one program rotates: 1 when a token carries 2048 elements or more (e.g. 40 heads of
+    128), up to 16 for tokens with few small heads, never more than there are tokens."""
+    per_token = max(heads, 1) * 2 * h2
+    want = max(1, min(16, 2048 // per_token))
+    return max(1, min(1 << (want.bit_length() - 1), triton.next_power_of_2(max(n_tokens, 1))))
 
 
 def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:
@@ -107,11 +119,12 @@ def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:
 
 
 def launch(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim: int, conj: bool,
-           cu_seqlens=None) -> None:
+           cu_seqlens=None, tokens: int | None = None) -> None:
     """Rotate ``q`` (and ``k``) into ``qo`` (and ``ko``); they may alias for in-place rotation.
 
     With ``cu_seqlens`` (``(N + 1,)``), q is ``(1, T, H, D)`` (``seq_dim=1``) holding packed
-    sequences, and ``offset`` an int or an ``(N,)`` tensor of first positions."""
+    sequences, and ``offset`` an int or an ``(N,)`` tensor of first positions.  ``tokens`` per
+    program defaults to :func:`tokens_per_program` (benchmarks sweep it)."""
     B, S = q.shape[0], q.shape[seq_dim]
     h2 = cos.shape[-1]
     hq, *sq = _axes(q, seq_dim)
@@ -130,13 +143,16 @@ def launch(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim
     seq_off = offset if isinstance(offset, torch.Tensor) else None
     block_d = triton.next_power_of_2(h2)
     block_h = max(1, min(triton.next_power_of_2(max(hq, hk, 1)), max(1, 4096 // block_d)))
-    _rope_qk_kernel[(B * S,)](
+    n_tokens = B * S
+    tokens = tokens_per_program(hq + hk, h2, n_tokens) if tokens is None else tokens
+    _rope_qk_kernel[(triton.cdiv(n_tokens, tokens),)](
         q, k, qo, ko, cos, sin, positions if positions is not None else cos,
         S, hq, hk, h2, cos.shape[0], 0 if seq_off is not None else offset, *sq, *sk, *so, *sko, *sp,
         cos.stride(0), cos.stride(1), cu_seqlens if cu_seqlens is not None else cos,
-        seq_off if seq_off is not None else cos, n_seqs, max(n_seqs - 1, 1).bit_length() + 1,
+        seq_off if seq_off is not None else cos, n_seqs, max(n_seqs - 1, 1).bit_length() + 1, n_tokens,
         HAS_POS=positions is not None, HAS_K=hk > 0, INTERLEAVED=interleaved, CONJ=conj,
-        HAS_CU=cu_seqlens is not None, HAS_SOFF=seq_off is not None, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 1024 else 8,
+        HAS_CU=cu_seqlens is not None, HAS_SOFF=seq_off is not None, BLOCK_H=block_h, BLOCK_D=block_d,
+        TOKENS=tokens, num_warps=4 if block_h * block_d <= 1024 else 8,
     )
 
 

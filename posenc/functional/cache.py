@@ -1,0 +1,485 @@
+"""Rotary position embedding (RoFormer, Su et al. 2021) fused with the KV-cache write of a decoding step.
+
+An inference engine rotates q and k and then stores k and v in a preallocated cache: vLLM runs
+``rotary_embedding`` and then ``reshape_and_cache_flash``, two launches.  :func:`rope_and_cache`
+does both in one call (one Triton launch on GPU) for the two cache kinds engines use::
+
+    contiguous  (Hugging Face's static cache, flash-attn's flash_attn_with_kvcache)
+        k_cache (B, Hk, S_max, D); token s of row b goes to index cache_seqlens[b] + s
+    paged       (vLLM's flash layout, FlashInfer's NHD layout)
+        k_cache (num_blocks, block_size, Hk, D); token t goes to block slots[t] // block_size,
+        row slots[t] % block_size; a negative slot (padding) is not written
+
+The rotation is :func:`posenc.functional.apply_rope_qk`'s: float32 math, one rounding (to q's dtype
+for q, straight to the cache dtype for k).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posenc import _validate
+from posenc._torch.angles import working_dtype
+from posenc._torch.backend import (
+    ROPE_BACKENDS,
+    check_rope_backend,
+    kernel_limits,
+    kernel_possible,
+    resolve_rope_backend,
+)
+from posenc._torch.checks import (
+    check_float_tensor,
+    check_inplace,
+    check_position_args,
+    check_qk,
+    check_same_device,
+)
+from posenc._torch.rows import guard_in_table, out_of_table
+from posenc.core.rope import ROPE_LAYOUTS
+from posenc.functional.rope import _table_rotary_dim
+from posenc.kernels import torch_rope
+
+__all__ = ["rope_and_cache"]
+
+_TABLE_FIX = "build a longer cos/sin table (rope_cos_sin(torch.arange(P), inv_freq) with a larger P)"
+
+
+def rope_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    slots: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    layout: str = "half",
+    seq_dim: int = -2,
+    inplace: bool = False,
+    backend: str = "auto",
+    assume_valid: bool = False,
+) -> torch.Tensor:
+    """Rotate q and k with RoPE and write the rotated k and v into a KV cache, in one call.
+
+    What an inference engine does at every step, fused: q is rotated and returned; k is rotated and
+    written into ``k_cache``, v copied into ``v_cache`` (both caches are updated in place; k and v
+    themselves are never modified).  With ``backend="triton"`` (the default on CUDA) it is one
+    kernel launch reading q, k and v once, instead of a rotation followed by a cache write.
+
+    The rotation is :func:`posenc.functional.apply_rope_qk`'s (Su et al. 2021, "RoFormer"): each
+    feature pair ``(x1, x2)`` at position ``m`` becomes ``(x1 cos - x2 sin, x2 cos + x1 sin)`` with
+    the table row ``m``, computed in float32 and rounded once: q to its own dtype, k straight to the
+    cache dtype (a float32 cache holding bfloat16 inputs gets the float32 result, not a bfloat16
+    one).  v is converted to the cache dtype.  Features past the rotary dim ``d = 2 * cos.shape[-1]``
+    pass through unchanged into the output and the cache (partial rotary).
+
+    Pass exactly one of ``cache_seqlens`` and ``slots``; it picks the cache kind:
+
+    - **contiguous cache** (``cache_seqlens``, as Hugging Face's static cache and flash-attn's
+      ``flash_attn_with_kvcache``): token ``s`` of batch row ``b`` is written at index
+      ``cache_seqlens[b] + s`` of ``k_cache[b]`` and rotated at that position, unless
+      ``positions`` are given (e.g. rows padded on the left): then the rotation uses
+      ``positions`` while the write index still follows ``cache_seqlens``.
+    - **paged cache** (``slots``, as vLLM's flash layout and FlashInfer's NHD layout): token ``t``
+      is written to block ``slots[t] // block_size``, row ``slots[t] % block_size``; a negative slot
+      (vLLM's ``-1`` for padding tokens) is not written, but its q is still rotated.  Tokens are
+      flattened, so ``seq_dim`` is ignored, and ``positions`` are required.
+
+    Args:
+        q: queries, ``(B, Hq, S, D)`` (``seq_dim=-2``) or ``(B, S, Hq, D)`` (``seq_dim=1``) for a
+            contiguous cache, ``(T, Hq, D)`` for a paged one; any strides (e.g. views of one fused
+            qkv projection).
+        k: keys, like ``q`` with ``Hk`` heads (GQA: ``Hq`` need not be a multiple of ``Hk``).
+        v: values, the same shape as ``k``.
+        k_cache: ``(B, Hk, S_max, D)`` (contiguous, whatever ``seq_dim``) or
+            ``(num_blocks, block_size, Hk, D)`` (paged); any floating dtype, updated in place.
+        v_cache: the same shape as ``k_cache``, updated in place.
+        cos, sin: ``(P, d/2)`` tables with ``d <= D``, e.g.
+            ``rope_cos_sin(torch.arange(P), inv_freq)``.
+        cache_seqlens: ``(B,)`` integer tensor, the tokens already in each row of a contiguous
+            cache.
+        slots: ``(T,)`` integer tensor, each token's slot in a paged cache (negative: not written).
+        positions: rotation positions, ``(S,)`` or ``(B, S)`` for a contiguous cache (default
+            ``cache_seqlens[b] + s``), ``(T,)`` for a paged one (required).
+        layout: ``"half"`` (pairs ``i, i + d/2``: GPT-NeoX, Hugging Face) or ``"interleaved"``
+            (pairs ``2i, 2i + 1``: GPT-J, Meta's Llama code).
+        seq_dim: the sequence axis of q, k and v for a contiguous cache (-2 or 1); ignored for a
+            paged cache.
+        inplace: rotate q itself and return it (k and v are still left untouched).
+        backend: ``"auto"`` (the Triton kernel for CUDA tensors, else the torch engine),
+            ``"torch"`` (a rotation then indexed writes, any device) or ``"triton"`` (the one-launch
+            kernel; float16, bfloat16 and float32 tensors; raises if it cannot run).
+        assume_valid: promise that the positions lie in ``[0, P)`` and every write fits the cache,
+            so that nothing is read back from the device (a decode step captured in a CUDA graph
+            needs this).  Without it, one read per call checks them and raises a ``ValueError``
+            naming the bad range.  A broken promise never writes outside the caches: the kernel
+            skips such writes and gives NaN rows for positions outside the tables; the torch
+            engine skips the writes and its table lookup stays bounds-checked (an error on CPU, a
+            device-side assertion on CUDA).
+
+    Shape:
+        - contiguous: q ``(B, Hq, S, D)`` or ``(B, S, Hq, D)``, k and v ``(B, Hk, S, D)`` or
+          ``(B, S, Hk, D)``, caches ``(B, Hk, S_max, D)``, cache_seqlens ``(B,)``.
+        - paged: q ``(T, Hq, D)``, k and v ``(T, Hk, D)``, caches
+          ``(num_blocks, block_size, Hk, D)``, slots and positions ``(T,)``.
+        - output: like ``q``.
+
+    Returns:
+        The rotated queries: a new tensor, or ``q`` itself with ``inplace=True``.
+
+    Raises:
+        TypeError: non-tensor or non-floating q/k/v/caches/tables, non-integer cache_seqlens,
+            slots or positions.
+        ValueError: both or neither of ``cache_seqlens`` and ``slots``; shapes that do not match
+            the cache kind; positions outside the tables; writes past the end of the cache
+            (``cache_seqlens[b] + S > S_max``, a slot ``>= num_blocks * block_size``); an input
+            that requires grad while autograd records (use
+            :func:`posenc.functional.apply_rope_qk` for training); ``backend="triton"`` where the
+            kernel cannot run.
+
+    Examples:
+        A contiguous cache holding 5 tokens per row receives 3 more:
+
+        >>> import torch
+        >>> from posenc.functional import rope_cos_sin, rope_inv_freq
+        >>> cos, sin = rope_cos_sin(torch.arange(32), rope_inv_freq(8)[0])
+        >>> k_cache, v_cache = torch.zeros(2, 1, 16, 8), torch.zeros(2, 1, 16, 8)    # (B, Hk, S_max, D)
+        >>> q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 1, 3, 8), torch.randn(2, 1, 3, 8)
+        >>> q_rot = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=torch.tensor([5, 5]))
+        >>> torch.equal(v_cache[:, :, 5:8], v), bool(k_cache[:, :, 8:].eq(0).all())
+        (True, True)
+
+        A paged cache of 4 blocks of 2 slots; the second token is padding (slot -1):
+
+        >>> k_cache, v_cache = torch.zeros(4, 2, 1, 8), torch.zeros(4, 2, 1, 8)     # (blocks, block_size, Hk, D)
+        >>> q, k, v = torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+        >>> q_rot = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=torch.tensor([5, -1]),
+        ...                        positions=torch.tensor([7, 0]))
+        >>> torch.equal(v_cache[2, 1], v[0]), int(v_cache.ne(0).any(-1).sum())     # block 5 // 2, row 5 % 2
+        (True, 1)
+
+    References:
+        Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
+        arXiv:2104.09864.  Kwon et al. 2023, "Efficient Memory Management for Large Language Model
+        Serving with PagedAttention" (the paged cache).
+    """
+    paged = _cache_kind(cache_seqlens, slots)
+    _check_no_grad(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
+    rotary = _table_rotary_dim(cos, sin)
+    if layout not in ROPE_LAYOUTS:
+        _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+    if backend not in ROPE_BACKENDS:
+        check_rope_backend(backend)
+    _validate.check_bool("inplace", inplace)
+    _validate.check_bool("assume_valid", assume_valid)
+    if paged:
+        index, positions = _check_paged(q, k, v, k_cache, v_cache, slots, positions, rotary)
+        sd, tokens = 0, q.shape[0]
+    else:
+        sd, index, positions = _check_contiguous(q, k, v, k_cache, v_cache, cache_seqlens, positions, seq_dim, rotary)
+        tokens = q.shape[sd]
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.device != q.device:
+            check_same_device(name, t, "q", q.device)
+    cap = k_cache.shape[0] * k_cache.shape[1] if paged else k_cache.shape[2]
+    all_valid = _check_ranges(index, positions, paged, tokens, cap, cos.shape[0], assume_valid)
+    why = _kernel_why(q, k, v, k_cache, v_cache, sd, paged) if kernel_possible(backend, q) else None
+    engine = resolve_rope_backend(backend, q, why)
+    if inplace and not torch.compiler.is_compiling():
+        check_inplace("q", q)
+    if engine == "triton":
+        from posenc.kernels import triton_cache
+
+        if inplace and not torch.compiler.is_compiling() and not _shares_nothing(q, (k, v), (0,) if paged else (0, sd)):
+            q_out = triton_cache.rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, index=index, positions=positions,
+                                                paged=paged, layout=layout, seq_dim=sd, inplace=False)
+            return q.copy_(q_out)                                      # q shares memory with k or v
+        return triton_cache.rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, index=index, positions=positions,
+                                           paged=paged, layout=layout, seq_dim=sd, inplace=inplace)
+    return _rope_and_cache_torch(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, layout, sd, inplace,
+                                 all_valid)
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _cache_kind(cache_seqlens: object, slots: object) -> bool:
+    """Whether the call writes a paged cache (``slots``) rather than a contiguous one (``cache_seqlens``)."""
+    if (cache_seqlens is None) == (slots is None):
+        given = "both" if slots is not None else "neither"
+        raise ValueError(
+            f"pass exactly one of cache_seqlens and slots, got {given}: cache_seqlens (B,) for a contiguous cache "
+            f"k_cache (B, Hk, S_max, D) (token s of row b goes to index cache_seqlens[b] + s), or slots (T,) for a "
+            f"paged cache k_cache (num_blocks, block_size, Hk, D) (token t goes to slot slots[t])"
+        )
+    return slots is not None
+
+
+def _check_no_grad(**tensors: object) -> None:
+    if not torch.is_grad_enabled():
+        return
+    names = [name for name, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if names:
+        raise ValueError(
+            f"rope_and_cache is for inference and records no gradients, but {', '.join(names)} require(s) grad; use "
+            f"apply_rope_qk for training, or call rope_and_cache under torch.no_grad() / torch.inference_mode()"
+        )
+
+
+def _check_index(name: str, t: object, length: int, device: torch.device, meaning: str) -> torch.Tensor:
+    """An integer ``(length,)`` tensor on ``device``, returned as int32/int64."""
+    if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        got = f"dtype {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be an integer torch.Tensor ({meaning}), got {got}; build it with "
+                        f"torch.tensor([...]) or cast with .long()")
+    if t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} must have shape ({length},) ({meaning}), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q on {device}; move it with .to()")
+    return t if t.dtype in (torch.int32, torch.int64) else t.long()
+
+
+def _check_kv(q: torch.Tensor, k: object, v: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v: floating tensors of one shape, on q's device."""
+    k = check_float_tensor("k", k)
+    v = check_float_tensor("v", v)
+    if v.shape != k.shape:
+        raise ValueError(f"v {tuple(v.shape)} must have the shape of k {tuple(k.shape)}")
+    check_same_device("v", v, "q", q.device)
+    return k, v
+
+
+def _check_caches(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: object, want: tuple[int | None, ...],
+                  kind: str) -> None:
+    """Floating caches of one shape matching ``want`` (None: any size), on q's device, free of self-overlap."""
+    k_cache = check_float_tensor("k_cache", k_cache)
+    v_cache = check_float_tensor("v_cache", v_cache)
+    if k_cache.dim() != len(want) or any(w is not None and n != w for n, w in zip(k_cache.shape, want, strict=True)):
+        shown = "(" + ", ".join("*" if w is None else str(w) for w in want) + ")"
+        raise ValueError(f"k_cache must be {kind} = {shown} for k of shape {tuple(k.shape)}, got "
+                         f"{tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache {tuple(v_cache.shape)} must have the shape of k_cache {tuple(k_cache.shape)}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_same_device(name, c, "q", q.device)
+    if torch.compiler.is_compiling():
+        return                                                          # (memory is not inspected while tracing)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if torch._debug_has_internal_overlap(c) == 1:
+            raise ValueError(f"{name} has elements that share memory (an expand()ed tensor, stride 0), so writes "
+                             f"would collide; allocate the cache with torch.zeros or torch.empty")
+    if k_cache.data_ptr() == v_cache.data_ptr() and k_cache.stride() == v_cache.stride() and k_cache.numel():
+        raise ValueError("k_cache and v_cache are the same tensor; keys and values need a cache each")
+
+
+def _check_contiguous(q, k, v, k_cache, v_cache, cache_seqlens, positions, seq_dim, rotary):
+    """Check a contiguous-cache call; returns ``(seq_dim, cache_seqlens, positions)``, normalized."""
+    q = check_float_tensor("q", q)
+    k, v = _check_kv(q, k, v)
+    sd = check_qk(q, k, seq_dim, rotary)
+    if q.dim() != 4 or sd not in (1, 2):
+        raise ValueError(
+            f"with cache_seqlens (a contiguous cache) q must be (B, Hq, S, D) with seq_dim=-2 or (B, S, Hq, D) with "
+            f"seq_dim=1, got shape {tuple(q.shape)} with seq_dim={seq_dim}; for a paged cache pass slots= and "
+            f"q (T, Hq, D)"
+        )
+    B, S = q.shape[0], q.shape[sd]
+    hk = k.shape[1 if sd == 2 else 2]
+    _check_caches(q, k, k_cache, v_cache, (B, hk, None, k.shape[-1]), "(B, Hk, S_max, D) (whatever seq_dim)")
+    index = _check_index("cache_seqlens", cache_seqlens, B, q.device, "tokens already in each row's cache")
+    positions, _ = check_position_args(positions, 0, S, B, q.device)
+    return sd, index, positions
+
+
+def _check_paged(q, k, v, k_cache, v_cache, slots, positions, rotary):
+    """Check a paged-cache call; returns ``(slots, positions)``, normalized."""
+    q = check_float_tensor("q", q)
+    k, v = _check_kv(q, k, v)
+    if q.dim() != 3 or k.dim() != 3:
+        raise ValueError(
+            f"with slots (a paged cache) q must be (T, Hq, D) and k, v (T, Hk, D), got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}; for a contiguous cache pass cache_seqlens= and q (B, Hq, S, D)"
+        )
+    check_qk(q, k, 0, rotary)
+    T, hk = q.shape[0], k.shape[1]
+    _check_caches(q, k, k_cache, v_cache, (None, None, hk, k.shape[-1]), "(num_blocks, block_size, Hk, D)")
+    index = _check_index("slots", slots, T, q.device, "each token's slot in the paged cache, negative: not written")
+    if positions is None:
+        raise ValueError(
+            "positions (T,) are required with slots (a paged cache): a slot says where a token is stored, not where "
+            "it stands in its sequence; pass each token's position, e.g. positions=context_lens_before + offsets"
+        )
+    positions, _ = check_position_args(positions, 0, T, None, q.device)
+    return index, positions
+
+
+def _check_ranges(index: torch.Tensor, positions: torch.Tensor | None, paged: bool, tokens: int, cap: int,
+                  rows: int, assume_valid: bool) -> bool | None:
+    """Check that positions lie in the tables and every write fits the cache, with one read from the
+    device; returns whether every token is written (None when unknown: promised or traced)."""
+    if assume_valid or index.is_meta:
+        return None
+    if torch.compiler.is_compiling():
+        _guard_ranges(index, positions, paged, tokens, cap, rows)
+        return None
+    if not tokens or not index.numel():
+        return True
+    stats = [*torch.aminmax(index)] + ([*torch.aminmax(positions)] if positions is not None else [])
+    lo, hi, *pos = torch.stack([s.long() for s in stats]).tolist()        # one transfer
+    if paged:
+        if hi >= cap:
+            raise ValueError(
+                f"slots must be < num_blocks * block_size = {cap} (or negative: not written), got values up to {hi}; "
+                f"allocate more blocks or fix the slot mapping"
+            )
+    else:
+        if lo < 0:
+            raise ValueError(f"cache_seqlens must be >= 0 (tokens already in each row's cache), got values in "
+                             f"[{lo}, {hi}]")
+        if hi + tokens > cap:
+            raise ValueError(
+                f"the cache holds S_max={cap} tokens per row, but cache_seqlens + S reaches {hi + tokens} "
+                f"(cache_seqlens up to {hi}, S={tokens}); allocate a longer cache (B, Hk, >= {hi + tokens}, D) or "
+                f"write fewer tokens"
+            )
+        if positions is None and hi + tokens > rows:
+            raise ValueError(
+                f"the rotation positions cache_seqlens[b] + s reach {hi + tokens - 1}, outside the cos/sin table of "
+                f"{rows} rows; {_TABLE_FIX}"
+            )
+    if positions is not None and (pos[0] < 0 or pos[1] >= rows):
+        raise out_of_table("positions", pos[0], pos[1], rows, _TABLE_FIX)
+    return not paged or lo >= 0
+
+
+def _guard_ranges(index, positions, paged, tokens, cap, rows) -> None:
+    """The checks of :func:`_check_ranges` as traceable assertions (nothing is read back while tracing)."""
+    if paged:
+        torch._assert_async((index < cap).all(), f"slots must be < num_blocks * block_size = {cap}")
+    else:
+        ok = ((index >= 0) & (index + tokens <= cap)).all()
+        torch._assert_async(ok, f"cache_seqlens + S must lie in [0, S_max={cap}]")
+        if positions is None:
+            torch._assert_async((index + tokens <= rows).all(), f"cache_seqlens + S must be <= {rows} table rows")
+    if positions is not None:
+        guard_in_table("positions", positions, rows)
+
+
+def _kernel_why(q, k, v, k_cache, v_cache, sd: int, paged: bool) -> str | None:
+    """Why the Triton kernel cannot take the call (None if it can): the tensors' dtypes."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() == 3:
+            t = t.unsqueeze(1)                                             # (T, H, D) -> (T, 1, H, D)
+        why = kernel_limits(t, sd if name in ("q", "k", "v") and not paged else 1)
+        if why is not None:
+            return f"{name}: {why}"
+    return None
+
+
+def _shares_nothing(q: torch.Tensor, others: tuple[torch.Tensor, ...], token_dims: tuple[int, ...]) -> bool:
+    """Whether ``q`` provably shares no element with ``others`` that the kernel reads, so that it may be
+    rotated in place in the same launch.
+
+    True when no other tensor overlaps q's memory, or when they are views of one buffer laid out token
+    by token (a fused qkv projection): the same token strides, disjoint byte ranges within a token, and
+    token windows that do not overlap.
+    """
+    near = [t for t in others if t.numel() and torch._C._overlaps(q, t)]
+    if not near or not q.numel():
+        return True
+    tensors = [q, *near]
+    steps = [tuple(t.stride(d) * t.element_size() for d in token_dims) for t in tensors]
+    if any(s != steps[0] for s in steps):
+        return False
+    spans = []
+    for t in tensors:
+        start = t.storage_offset() * t.element_size()
+        inner = sum((t.shape[d] - 1) * t.stride(d) for d in range(t.dim()) if d not in token_dims)
+        spans.append((start, start + (inner + 1) * t.element_size()))   # bytes of one token, [start, end)
+    (q0, q1), rest = spans[0], spans[1:]
+    if any(s < q1 and q0 < e for s, e in rest):
+        return False
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    reach = hi - lo                                                     # every tensor's bytes of one token
+    for step, n in sorted((st, q.shape[d]) for st, d in zip(steps[0], token_dims, strict=True) if q.shape[d] > 1):
+        if step < reach:
+            return False
+        reach += step * (n - 1)
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# The torch engine: a rotation (posenc.kernels.torch_rope), then indexed writes
+
+
+def _rope_and_cache_torch(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged: bool, layout: str, sd: int,
+                          inplace: bool, all_valid: bool | None) -> torch.Tensor:
+    """The reference: rotate q and k with the torch engine, then write k and v with ``index_put_``."""
+    if paged:
+        rot_pos = positions                                                 # (T,)
+    else:
+        S = q.shape[sd]
+        arange = torch.arange(S, device=q.device)
+        rot_pos = positions if positions is not None else index.long()[:, None] + arange   # (B, S)
+    work = k
+    if k.dtype != k_cache.dtype:                                           # round once, to the cache dtype
+        wd = torch.float64 if torch.float64 in (k.dtype, k_cache.dtype) else working_dtype(k.dtype)
+        work = k.to(wd)
+    def rotate(x: torch.Tensor, y: torch.Tensor | None, in_place: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return torch_rope.rope_qk(x, y, cos=cos, sin=sin, positions=rot_pos, offset=0, layout=layout, seq_dim=sd,
+                                  inplace=in_place)
+
+    if inplace:
+        k_rot = rotate(work, None, False)[0]
+    else:
+        q_out, k_rot_or_none = rotate(q, work, False)
+        k_rot = work if k_rot_or_none is None else k_rot_or_none         # (never None: k was given)
+    if paged:
+        slot = index.long()                                                 # (T,)
+        block_size = k_cache.shape[1]
+        where = (slot // block_size, slot % block_size)
+        valid = None if all_valid else (slot >= 0) & (slot < k_cache.shape[0] * block_size)
+        k_rows, v_rows = k_rot, v                                           # (T, Hk, D)
+        k_dst, v_dst = k_cache, v_cache                                     # (num_blocks, block_size, Hk, D)
+    else:
+        B, S = q.shape[0], q.shape[sd]
+        row = (index.long()[:, None] + arange).reshape(-1)                 # (B * S,) cache indices
+        where = (torch.arange(B, device=q.device).repeat_interleave(S), row)
+        valid = None if all_valid else (row >= 0) & (row < k_cache.shape[2])
+        if sd == 2:
+            k_rot, v = k_rot.transpose(1, 2), v.transpose(1, 2)             # (B, Hk, S, D) -> (B, S, Hk, D)
+        k_rows, v_rows = k_rot.reshape(B * S, *k_rot.shape[2:]), v.reshape(B * S, *v.shape[2:])   # (B * S, Hk, D)
+        k_dst, v_dst = k_cache.transpose(1, 2), v_cache.transpose(1, 2)     # views (B, S_max, Hk, D)
+    _write_rows(k_dst, where, k_rows, valid)
+    _write_rows(v_dst, where, v_rows, valid)
+    if inplace:
+        return rotate(q, None, True)[0]
+    return q_out
+
+
+def _write_rows(dst: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
+                valid: torch.Tensor | None) -> None:
+    """``dst[where] = rows`` (cast to ``dst``'s dtype) for the tokens that are ``valid`` (all when None),
+    without reading anything back from the device.
+
+    A token that is not written repeats the write of the first written token (the same index and the
+    same value, so duplicates cannot conflict); when no token is written, they all write back the value
+    already at ``dst[0, 0]``.
+    """
+    rows = rows if rows.dtype == dst.dtype else rows.to(dst.dtype)
+    if valid is None:
+        dst.index_put_(where, rows)
+        return
+    n = valid.shape[0]
+    if not n:
+        return
+    first = valid.to(torch.uint8).argmax()                                # the first written token (0 if none)
+    src = torch.where(valid, torch.arange(n, device=valid.device), first)  # (N,) the token whose write to repeat
+    keep = valid[src]                                                     # False only when no token is written
+    where = (torch.where(keep, where[0][src], 0), torch.where(keep, where[1][src], 0))
+    keep_rows = keep.reshape(n, *([1] * (rows.dim() - 1)))
+    dst.index_put_(where, torch.where(keep_rows, rows[src], dst[where]))
