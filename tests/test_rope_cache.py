@@ -276,6 +276,15 @@ def test_broken_promise_skips_writes_outside_the_cache():
     assert int(v_cache.ne(5).any(-1).sum()) == 1 and int(k_cache.ne(5).any(-1).sum()) == 1
 
 
+def test_broken_position_promise_is_caught_by_the_lookup_and_names_assume_valid():
+    cos, sin = tables(16, 8)
+    q, k, v = make_qkv((3, 1, 8), (3, 1, 8), torch.float32)
+    k_cache, v_cache = torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 16\).*assume_valid=True"):
+        rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=torch.tensor([0, 1, 2]),
+                       positions=torch.tensor([0, 1, 16]), assume_valid=True, backend="torch")
+
+
 def test_broken_promise_with_no_token_written_changes_nothing():
     cos, sin = tables(16, 8)
     q, k, v = make_qkv((2, 1, 8), (2, 1, 8), torch.float32)

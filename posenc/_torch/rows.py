@@ -64,7 +64,7 @@ def table_rows(table: torch.Tensor, positions: torch.Tensor | None, offset: int,
     except IndexError:                                                   # a broken assume_in_table promise
         raise ValueError(
             f"positions must lie in [0, {table.shape[0]}) for this cos/sin table (they were promised to with "
-            f"assume_in_table=True or assume_valid=True); drop the promise to have them checked or computed"
+            f"assume_in_table=True); drop the promise to have them checked or computed"
         ) from None
 
 

@@ -430,8 +430,11 @@ def _rope_and_cache_torch(q, k, v, k_cache, v_cache, cos, sin, index, positions,
         wd = torch.float64 if torch.float64 in (k.dtype, k_cache.dtype) else working_dtype(k.dtype)
         work = k.to(wd)
     def rotate(x: torch.Tensor, y: torch.Tensor | None, in_place: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return torch_rope.rope_qk(x, y, cos=cos, sin=sin, positions=rot_pos, offset=0, layout=layout, seq_dim=sd,
-                                  inplace=in_place)
+        try:
+            return torch_rope.rope_qk(x, y, cos=cos, sin=sin, positions=rot_pos, offset=0, layout=layout, seq_dim=sd,
+                                      inplace=in_place)
+        except ValueError as err:                                           # the lookup caught a broken promise
+            raise ValueError(str(err).replace("assume_in_table=True", "assume_valid=True")) from None
 
     if inplace:
         k_rot = rotate(work, None, False)[0]
