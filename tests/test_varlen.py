@@ -248,3 +248,13 @@ def test_sinusoidal_packed_positions_equal_each_sequence_alone():
                  for j in range(6)] for p in range(z - a)]
         torch.testing.assert_close(rows[a:z].double(), torch.tensor(want, dtype=torch.float64).reshape(-1, 6),
                                    rtol=0, atol=1e-7)
+
+
+def test_packed_rotation_compiles_and_guards_the_table():
+    cos, sin = tables(16, 8)
+    q = torch.randn(12, 2, 8)
+    f = torch.compile(lambda q, cu, off: R.apply_rope_qk(q, None, cos, sin, cu_seqlens=cu, offset=off)[0],
+                      fullgraph=True, backend="eager")
+    torch.testing.assert_close(f(q, CU, 0), R.apply_rope_qk(q, None, cos, sin, cu_seqlens=CU)[0], rtol=0, atol=1e-6)
+    with pytest.raises(RuntimeError, match=r"must lie in \[0, 16\)"):
+        f(q, CU, 12)                                                     # positions up to 16: past the table

@@ -50,6 +50,7 @@ from posenc._torch.varlen import (
     check_varlen_offset,
     check_varlen_qk,
     no_positions_with_cu,
+    varlen_positions,
     varlen_range,
 )
 from posenc.core import exact as core_exact
@@ -440,7 +441,11 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
     _validate.check_bool("inplace", inplace)
     cu_seqlens = check_cu_seqlens(cu_seqlens, q.device)
     offset = check_varlen_offset(offset, cu_seqlens.shape[0] - 1, q.device)
-    if not assume_in_table and not torch.compiler.is_compiling():
+    if assume_in_table:
+        pass
+    elif torch.compiler.is_compiling():                                 # a traceable assertion, no reads
+        guard_in_table("positions", varlen_positions(cu_seqlens, q.shape[0], offset), cos.shape[0])
+    else:
         lo, hi = varlen_range(cu_seqlens, q.shape[0], offset)
         if q.shape[0] and (lo < 0 or hi >= cos.shape[0]):
             raise out_of_table("positions", lo, hi, cos.shape[0],
