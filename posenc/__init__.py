@@ -21,6 +21,7 @@ _EXPORTS = {
     "apply_rope": "posenc.functional",
     "apply_rope_qk": "posenc.functional",
     "rope_and_cache": "posenc.functional",
+    "rms_norm_rope_qk": "posenc.functional",
     "layout_permutation": "posenc.functional",
     "convert_rope_weight": "posenc.functional",
     "sincos_table_nd": "posenc.functional",
@@ -93,6 +94,7 @@ if TYPE_CHECKING:
     from posenc.functional import positions_from_segment_ids as positions_from_segment_ids
     from posenc.functional import relative_position_bucket as relative_position_bucket
     from posenc.functional import resize_position_embedding as resize_position_embedding
+    from posenc.functional import rms_norm_rope_qk as rms_norm_rope_qk
     from posenc.functional import rope_and_cache as rope_and_cache
     from posenc.functional import rope_cos_sin as rope_cos_sin
     from posenc.functional import rope_inv_freq as rope_inv_freq

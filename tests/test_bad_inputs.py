@@ -601,6 +601,47 @@ for _id, _kind, _kw, _exc, _match in [
     bad("rope_and_cache", _id, lambda kind=_kind, kw=_kw: _cache_call(kind, **kw), _exc, _match)
 
 
+# rms_norm_rope_qk: RMSNorm of each head (weight (D,)) or of the whole token (weight (H*D,)), then RoPE
+def ref_norm_rope(x: torch.Tensor, w, p, *, token: bool = False, offset: float = 0.0) -> np.ndarray:
+    """x (B, H, S, D) -> RoPE(x * rsqrt(mean(x^2) + 1e-6) * (offset + w)) at positions p, in float64."""
+    xd = x.detach().double()
+    axes = (1, 3) if token else (3,)
+    n = xd * torch.rsqrt(xd.pow(2).mean(axes, keepdim=True) + 1e-6)
+    wd = torch.as_tensor(w, dtype=torch.float64)
+    scale = (offset + wd).reshape(x.shape[1], 1, x.shape[3]) if token else offset + wd
+    return ref_rope(n * scale, p)
+
+
+def _norm_call(**kw):
+    q, k = rand(2, 2, 3, 8, seed=21), rand(2, 1, 3, 8, seed=22)                            # (B, H, S, D)
+    args = {"q": q, "k": k, "q_weight": torch.linspace(0.5, 1.5, 8), "k_weight": torch.linspace(1.5, 0.5, 8),
+            "cos": C8, "sin": S8}
+    args.update(kw)
+    return F.rms_norm_rope_qk(**args), args
+
+
+good("rms_norm_rope_qk", "per-head-gqa-offset", lambda: _norm_call(offset=4),
+     lambda out: (close(out[0][0], ref_norm_rope(out[1]["q"], out[1]["q_weight"], [4, 5, 6])),
+                  close(out[0][1], ref_norm_rope(out[1]["k"], out[1]["k_weight"], [4, 5, 6]))))
+good("rms_norm_rope_qk", "token-wide-weight-gemma-offset",
+     lambda: _norm_call(q_weight=torch.linspace(-0.5, 0.5, 16), weight_offset=1.0, k=None, k_weight=None),
+     lambda out: close(out[0][0], ref_norm_rope(out[1]["q"], torch.linspace(-0.5, 0.5, 16), [0, 1, 2], token=True,
+                                                offset=1.0)))
+for _id, _kw, _exc, _match in [
+    ("weight-shape", {"q_weight": torch.ones(7)}, ValueError, r"q_weight must have shape \(8,\) .* or \(16,\)"),
+    ("weight-2-d", {"k_weight": torch.ones(1, 8)}, ValueError, r"k_weight must have shape \(8,\)"),
+    ("weight-int", {"q_weight": torch.ones(8, dtype=torch.long)}, TypeError, "q_weight must be a floating tensor"),
+    ("k-without-weight", {"k_weight": None}, ValueError, "k is given but k_weight is None"),
+    ("weight-without-k", {"k": None}, ValueError, "k_weight is given but k is None"),
+    ("eps-zero", {"eps": 0.0}, ValueError, "eps"),
+    ("eps-nan", {"eps": NAN}, ValueError, "eps"),
+    ("q-3-d", {"q": rand(2, 3, 8), "k": None, "k_weight": None}, ValueError, "q must be 4-D"),
+    ("offset-past-table", {"offset": 6}, ValueError, "outside the cos/sin table"),
+    ("layout", {"layout": "neox"}, ValueError, "layout must be one of"),
+]:
+    bad("rms_norm_rope_qk", _id, lambda kw=_kw: _norm_call(**kw), _exc, _match)
+
+
 # positions_from_cu_seqlens: cumulative lengths of packed sequences; the reference numbers each one from its offset
 def ref_from_cu(cu, offsets=None) -> np.ndarray:
     out = []

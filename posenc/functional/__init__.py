@@ -4,6 +4,7 @@ from posenc.functional.alibi import alibi_bias, alibi_slopes
 from posenc.functional.axial import apply_axial_rope, axial_cos_sin, grid_positions
 from posenc.functional.cache import rope_and_cache
 from posenc.functional.mrope import mrope_cos_sin, mrope_positions
+from posenc.functional.norm_rope import rms_norm_rope_qk
 from posenc.functional.positions import positions_from_cu_seqlens, positions_from_mask, positions_from_segment_ids
 from posenc.functional.relative import relative_distances, relative_position_bucket
 from posenc.functional.resize import resize_position_embedding
@@ -36,6 +37,7 @@ __all__ = [
     "relative_distances",
     "relative_position_bucket",
     "resize_position_embedding",
+    "rms_norm_rope_qk",
     "rope_and_cache",
     "rope_cos_sin",
     "rope_inv_freq",
