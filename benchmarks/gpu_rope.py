@@ -30,7 +30,9 @@ FlashInfer (``apply_rope_with_cos_sin_cache_inplace``); flash-attention's Triton
 (``flash_attn.ops.triton.rotary.apply_rotary``; without the compiled flash-attn package, point
 ``FLASH_ATTN_ROTARY_PY`` at ``flash_attn/ops/triton/rotary.py`` from its source distribution).
 Every row also prints the largest difference of its rotated q from a float32 torch reference.
-Without CUDA (and without ``--dry-run``) it says so and exits 0.
+Without CUDA (and without ``--dry-run``) it says so and exits 0.  A dry run also tries the
+importable peers on CPU under the interpreter: a smoke test of how this script calls them, not of
+the peers (some peer kernels misbehave when interpreted, e.g. Liger-Kernel's in bfloat16).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Bench:
         self.torch = torch
         self.dry = dry
         self.device = "cpu" if dry else "cuda"
-        self.peers: dict[str, Callable] = {} if dry else _load_peers()
+        self.peers: dict[str, Callable] = _load_peers(dry)   # (a dry run tries them on CPU, interpreted)
         self.compiled: dict[str, Callable] = {}
 
     # ---- timing and printing ------------------------------------------------------------------
@@ -81,6 +83,8 @@ class Bench:
         timed = []
         for label, fn, check in rows:
             try:
+                if callable(check):                                  # a peer's check runs inside the guard
+                    check = check()
                 ms = self.time_ms(fn)
                 diff = "" if check is None else f"{_max_diff(*check):.1e}"
             except Exception as exc:  # noqa: BLE001 - a peer that fails on this shape is reported, not fatal
@@ -116,8 +120,9 @@ def _max_diff(got, ref) -> float:
     return float((got.float() - ref.float()).abs().max())
 
 
-def _load_peers() -> dict[str, Callable]:
-    """The peers' entry points that import here (messages for those that fail)."""
+def _load_peers(dry: bool) -> dict[str, Callable]:
+    """The peers' entry points that import here (messages for those that fail).  In a dry run they
+    are tried on CPU tensors under the interpreter, which checks how this script calls them."""
     peers: dict[str, Callable] = {}
     if importlib.util.find_spec("liger_kernel"):
         try:
@@ -142,6 +147,8 @@ def _load_peers() -> dict[str, Callable]:
             assert spec is not None and spec.loader is not None
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
+            if dry:                                  # its wrapper enters torch.cuda.device(x.device.index)
+                mod.torch = _NoCudaDevice()
             peers["flash_attn_rotary"] = mod.apply_rotary
         elif importlib.util.find_spec("flash_attn"):
             from flash_attn.ops.triton.rotary import apply_rotary
@@ -150,6 +157,20 @@ def _load_peers() -> dict[str, Callable]:
     except Exception as exc:  # noqa: BLE001
         print(f"(flash-attention's rotary not usable: {type(exc).__name__}: {exc})")
     return peers
+
+
+class _NoCudaDevice:
+    """``torch`` for a peer module run on CPU in a dry run: ``torch.cuda.device(i)`` does nothing."""
+
+    def __getattr__(self, name: str):
+        import torch
+
+        if name == "cuda":
+            import contextlib
+            import types
+
+            return types.SimpleNamespace(device=lambda *_: contextlib.nullcontext())
+        return getattr(torch, name)
 
 
 # ---- shared pieces -------------------------------------------------------------------------------
@@ -270,7 +291,7 @@ def _peer_prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref):
     if liger is not None and sd == 2:                                      # Liger takes (B, H, S, D)
         ql, kl = q.clone(), k.clone()
         rows.append(("Liger LigerRopeFunction", lambda: liger(ql, kl, c_hf[0], s_hf[0]),
-                     (liger(q.clone(), k.clone(), c_hf[0], s_hf[0])[0], ref)))
+                     lambda: (liger(q.clone(), k.clone(), c_hf[0], s_hf[0])[0], ref)))
     qt = q if sd == 1 else q.transpose(1, 2)                               # (B, S, H, D) views
     kt = k if sd == 1 else k.transpose(1, 2)
     B, S, Hq, D = qt.shape
@@ -278,18 +299,20 @@ def _peer_prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref):
     if fi is not None:                                                     # FlashInfer: (tokens, H * D)
         qf, kf = qt.reshape(B * S, Hq * D).clone(), kt.reshape(B * S, -1).clone()
         pos = torch.arange(S, device=q.device).repeat(B)
-        check_q = qf.clone()
-        fi(pos, check_q, kf.clone(), D, cs_cache, True)
-        check = (check_q.view(B, S, Hq, D) if sd == 1 else check_q.view(B, S, Hq, D).transpose(1, 2), ref)
+
+        def fi_check():
+            check_q = qf.clone()
+            fi(pos, check_q, kf.clone(), D, cs_cache, True)
+            return (check_q.view(B, S, Hq, D) if sd == 1 else check_q.view(B, S, Hq, D).transpose(1, 2), ref)
         rows.append(("FlashInfer apply_rope_with_cos_sin_cache_inplace", lambda: fi(pos, qf, kf, D, cs_cache, True),
-                     check))
+                     fi_check))
     fa = bench.peers.get("flash_attn_rotary")
     if fa is not None:                                                     # flash-attn: (B, S, H, D), q then k
-        qa, ka = qt.contiguous(), kt.contiguous()
-        out = fa(qa, cos, sin)
+        qa, ka = (t.clone(memory_format=torch.contiguous_format) for t in (qt, kt))   # own copies, rotated in place
         rows.append(("flash-attention apply_rotary (q and k, in place)",
                      lambda: (fa(qa, cos, sin, inplace=True), fa(ka, cos, sin, inplace=True)),
-                     (out if sd == 1 else out.transpose(1, 2), ref)))
+                     lambda: (fa(qt.contiguous(), cos, sin) if sd == 1 else fa(qt.contiguous(), cos, sin).transpose(1, 2),
+                              ref)))
     return rows
 
 
@@ -333,27 +356,34 @@ def section_decode(bench: Bench) -> None:
 
 
 def _peer_decode_rows(bench, q, k, pos, cos, sin, cos_hf, sin_hf, cs_cache, ref):
+    import torch
+
     rows = []
     B, _, Hq, D = q.shape
     liger = bench.peers.get("liger_rope")
     if liger is not None:                                                  # (B, H, S, D), cos (B, S, D)
-        ql, kl = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+        ql, kl = (t.transpose(1, 2).clone(memory_format=torch.contiguous_format) for t in (q, k))   # own copies
         rows.append(("Liger LigerRopeFunction (rows gathered per call)",
-                     lambda: liger(ql, kl, cos_hf[pos].to(q.dtype), sin_hf[pos].to(q.dtype)), None))
+                     lambda: liger(ql, kl, cos_hf[pos].to(q.dtype), sin_hf[pos].to(q.dtype)),
+                     lambda: (liger(ql.clone(), kl.clone(), cos_hf[pos].to(q.dtype),
+                                    sin_hf[pos].to(q.dtype))[0].transpose(1, 2), ref)))
     fi = bench.peers.get("flashinfer_rope")
     if fi is not None:
         qf, kf, pf = q.reshape(B, Hq * D).clone(), k.reshape(B, -1).clone(), pos.reshape(B)
-        check_q = qf.clone()
-        fi(pf, check_q, kf.clone(), D, cs_cache, True)
+
+        def fi_check():
+            check_q = qf.clone()
+            fi(pf, check_q, kf.clone(), D, cs_cache, True)
+            return check_q.view(B, 1, Hq, D), ref
         rows.append(("FlashInfer apply_rope_with_cos_sin_cache_inplace", lambda: fi(pf, qf, kf, D, cs_cache, True),
-                     (check_q.view(B, 1, Hq, D), ref)))
+                     fi_check))
     fa = bench.peers.get("flash_attn_rotary")
     if fa is not None:                                                     # per-row positions as seqlen offsets
         qa, ka, off = q.clone(), k.clone(), pos.reshape(B).int()
         rows.append(("flash-attention apply_rotary (seqlen_offsets per row, q then k)",
                      lambda: (fa(qa, cos, sin, seqlen_offsets=off, inplace=True),
                               fa(ka, cos, sin, seqlen_offsets=off, inplace=True)),
-                     (fa(q.clone(), cos, sin, seqlen_offsets=off), ref)))
+                     lambda: (fa(q.clone(), cos, sin, seqlen_offsets=off), ref)))
     return rows
 
 
@@ -395,7 +425,7 @@ def section_varlen(bench: Bench) -> None:
             rows.append(("flash-attention apply_rotary (cu_seqlens, max_seqlen; q then k)",
                          lambda: (fa(qa, cos, sin, cu_seqlens=cu, max_seqlen=P, inplace=True),
                                   fa(ka, cos, sin, cu_seqlens=cu, max_seqlen=P, inplace=True)),
-                         (fa(q.clone(), cos, sin, cu_seqlens=cu, max_seqlen=P), ref)))
+                         lambda: (fa(q.clone(), cos, sin, cu_seqlens=cu, max_seqlen=P), ref)))
         fi = bench.peers.get("flashinfer_rope")
         if fi is not None:
             qf, kf = q.reshape(total, -1).clone(), k.reshape(total, -1).clone()
