@@ -277,9 +277,9 @@ def _tiny(name):
     ("gemma3", "patch_model: Gemma3ForCausalLM: layout='half' (Gemma3TextConfig, model_type='gemma3_text', "
                "head_dim=16: transformers rotates half-split pairs (i, i + d/2)); posenc now supplies the cos/sin of "
                "its rotary module (one table per layer type: full_attention, sliding_attention)"),
-    ("gptj", "patch_model: GPTJForCausalLM: layout='interleaved' (GPTJConfig, model_type='gptj', head_dim=16, "
-             "rotary_dim=8: the model pairs adjacent features (2i, 2i + 1)); posenc now supplies the sin/cos tables of "
-             "2 attention layers"),
+    ("gptj", tuple("patch_model: GPTJForCausalLM: layout='interleaved' (GPTJConfig, model_type='gptj', head_dim=16, "
+                   "rotary_dim=8: the model pairs adjacent features (2i, 2i + 1)); posenc now supplies the sin/cos "
+                   f"tables of {where}" for where in ("its rotary module", "2 attention layers"))),   # (< 5.24: per layer)
 ])
 def test_patch_model_logs_the_models_layout(info, name, text):
     from posenc.integrations.transformers import patch_model, unpatch_model
@@ -290,5 +290,5 @@ def test_patch_model_logs_the_models_layout(info, name, text):
         patch_model(model)
     unpatch_model(model)
     [record] = _records(info, "patch_model:")
-    assert record.getMessage().startswith(text), record.getMessage()
+    assert record.getMessage().startswith(text), record.getMessage()     # (text: one string or alternatives)
     assert "its weights are used as they are" in record.getMessage()

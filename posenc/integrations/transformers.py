@@ -293,7 +293,7 @@ class _HFMropeTables(torch.nn.Module):
 # ---- GPT-J -------------------------------------------------------------------------------------------
 
 def _patch_gptj(model: torch.nn.Module, patches: list) -> None:
-    count, rotary_dim = 0, 0
+    count, rotary_dim, holder = 0, 0, "attention layer"
     for module in model.modules():
         table = module._buffers.get("embed_positions", vars(module).get("embed_positions"))   # a buffer (5.x) or not
         if not isinstance(table, torch.Tensor):
@@ -303,8 +303,10 @@ def _patch_gptj(model: torch.nn.Module, patches: list) -> None:
         exact = torch.cat([rope.sin_table, rope.cos_table], -1).to(table.dtype)   # [sin | cos], as GPT-J stores it
         _set(patches, module, "embed_positions", exact.reshape(table.shape))
         count, rotary_dim = count + 1, dim
+        if "Rotary" in type(module).__name__:              # one rotary module for the model (transformers >= 5.24)
+            holder = "rotary module"
     if count:
-        _log_rope_layout(model, rotary_dim, f"the sin/cos tables of {_modules(count, 'attention layer')}")
+        _log_rope_layout(model, rotary_dim, f"the sin/cos tables of {_modules(count, holder)}")
 
 
 # ---- ALiBi: BLOOM and MPT ------------------------------------------------------------------------------
@@ -331,7 +333,9 @@ def _with_attention_mask(forward: Callable) -> Callable:
     def wrapped(self, *args, **kwargs):
         bound = signature.bind_partial(*args, **kwargs)
         given = bound.arguments
-        cache = given.get("past_key_values")
+        extra = given.get("kwargs") or {}                   # (transformers >= 5.24 names the cache ``cache``)
+        caches = (given.get("cache"), given.get("past_key_values"), extra.get("cache"), extra.get("past_key_values"))
+        cache = next((c for c in caches if c is not None), None)
         if given.get("attention_mask") is None and (cache is None or hasattr(cache, "get_seq_length")):
             ref = given.get("input_ids") if given.get("input_ids") is not None else given.get("inputs_embeds")
             past = cache.get_seq_length() if cache is not None else 0
