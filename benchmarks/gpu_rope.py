@@ -602,13 +602,25 @@ def _qknorm_rows(bench, q, k, wq, wk, cos, sin, eps, eager, norm, c_hf, s_hf, tr
     for i, (label, fn) in enumerate(impls):
         if train:
             args = [t.detach().clone().requires_grad_() for t in (q, k, wq, wk)]
-            out = fn(*args)
-            grads = [torch.randn_like(o) for o in out]
-            rows.append((label + " (autograd)", lambda fn=fn, args=args, grads=grads: torch.autograd.grad(
-                fn(*args), args, grads), None))
+            rows.append((label + " (autograd)", _backward_step(fn, args), None))
         else:
             rows.append((label, lambda fn=fn: fn(q, k, wq, wk), (got, ref) if i == 0 else None))
     return rows
+
+
+def _backward_step(fn: Callable, args: list) -> Callable[[], object]:
+    """Forward and backward of ``fn(*args)`` with fixed random output gradients, drawn on the first call
+    (inside the table's guard, so a peer that fails here is reported, not fatal)."""
+    import torch
+
+    grads: list = []
+
+    def step():
+        out = fn(*args)
+        if not grads:
+            grads.extend(torch.randn_like(o) for o in out)
+        return torch.autograd.grad(out, args, grads)
+    return step
 
 
 def section_graph(bench: Bench) -> None:
