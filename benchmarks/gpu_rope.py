@@ -253,8 +253,8 @@ def _prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref, backward
         gq, gk = torch.randn_like(q), torch.randn_like(k)
         qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
 
-        def train(fn):
-            return lambda: torch.autograd.backward(fn(qg, kg), (gq, gk))
+        def train(fn):                                   # (autograd.grad: no accumulation into .grad)
+            return lambda: torch.autograd.grad(fn(qg, kg), (qg, kg), (gq, gk))
 
         rows = [("limit: copy q and k twice", lambda: (qb.copy_(q), kb.copy_(k), qb.copy_(q), kb.copy_(k)), None)]
         rows.append(("posenc triton (autograd)", train(lambda a, b: R.apply_rope_qk(a, b, cos, sin, seq_dim=sd,
@@ -269,11 +269,13 @@ def _prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref, backward
             rows.append(("Liger LigerRopeFunction (autograd)", train(lambda a, b: liger(a, b, c_l, s_l)), None))
         return rows
     rows = [("limit: copy q and k", lambda: (qb.copy_(q), kb.copy_(k)), None)]
-    got = R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, backend="triton")[0]
     qi, ki = q.clone(), k.clone()
     rows.append(("posenc triton, inplace=True",
-                 lambda: R.apply_rope_qk(qi, ki, cos, sin, seq_dim=sd, inplace=True, backend="triton"), (got, ref)))
-    rows.append(("posenc triton", lambda: R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, backend="triton"), None))
+                 lambda: R.apply_rope_qk(qi, ki, cos, sin, seq_dim=sd, inplace=True, backend="triton"),
+                 lambda: (R.apply_rope_qk(q.clone(), k.clone(), cos, sin, seq_dim=sd, inplace=True,
+                                          backend="triton")[0], ref)))
+    rows.append(("posenc triton", lambda: R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, backend="triton"),
+                 lambda: (R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, backend="triton")[0], ref)))
     rows.append(("HF eager", lambda: _hf(q, k, c_hf, s_hf), (_hf(q, k, c_hf, s_hf)[0], ref)))
     hfc = bench.compile("hf", _hf)
     if hfc is not None:
@@ -309,10 +311,11 @@ def _peer_prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref):
     fa = bench.peers.get("flash_attn_rotary")
     if fa is not None:                                                     # flash-attn: (B, S, H, D), q then k
         qa, ka = (t.clone(memory_format=torch.contiguous_format) for t in (qt, kt))   # own copies, rotated in place
+        c_fa, s_fa = cos.to(q.dtype), sin.to(q.dtype)                      # flash-attn wants x's dtype
         rows.append(("flash-attention apply_rotary (q and k, in place)",
-                     lambda: (fa(qa, cos, sin, inplace=True), fa(ka, cos, sin, inplace=True)),
-                     lambda: (fa(qt.contiguous(), cos, sin) if sd == 1 else fa(qt.contiguous(), cos, sin).transpose(1, 2),
-                              ref)))
+                     lambda: (fa(qa, c_fa, s_fa, inplace=True), fa(ka, c_fa, s_fa, inplace=True)),
+                     lambda: (fa(qt.contiguous(), c_fa, s_fa) if sd == 1 else
+                              fa(qt.contiguous(), c_fa, s_fa).transpose(1, 2), ref)))
     return rows
 
 
@@ -380,10 +383,11 @@ def _peer_decode_rows(bench, q, k, pos, cos, sin, cos_hf, sin_hf, cs_cache, ref)
     fa = bench.peers.get("flash_attn_rotary")
     if fa is not None:                                                     # per-row positions as seqlen offsets
         qa, ka, off = q.clone(), k.clone(), pos.reshape(B).int()
+        c_fa, s_fa = cos.to(q.dtype), sin.to(q.dtype)                      # flash-attn wants x's dtype
         rows.append(("flash-attention apply_rotary (seqlen_offsets per row, q then k)",
-                     lambda: (fa(qa, cos, sin, seqlen_offsets=off, inplace=True),
-                              fa(ka, cos, sin, seqlen_offsets=off, inplace=True)),
-                     lambda: (fa(q.clone(), cos, sin, seqlen_offsets=off), ref)))
+                     lambda: (fa(qa, c_fa, s_fa, seqlen_offsets=off, inplace=True),
+                              fa(ka, c_fa, s_fa, seqlen_offsets=off, inplace=True)),
+                     lambda: (fa(q.clone(), c_fa, s_fa, seqlen_offsets=off), ref)))
     return rows
 
 
@@ -406,14 +410,16 @@ def section_varlen(bench: Bench) -> None:
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         ref = R.apply_rope_qk(q.float()[None], None, cos, sin, positions=pos[None], seq_dim=1, backend="torch")[0][0]
         qb, kb = torch.empty_like(q), torch.empty_like(k)
-        got = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton")[0]
         qi, ki = q.clone(), k.clone()
         rows = [("limit: copy q and k", lambda: (qb.copy_(q), kb.copy_(k)), None),
                 ("posenc triton, cu_seqlens, inplace=True",
                  lambda: R.apply_rope_qk(qi, ki, cos, sin, cu_seqlens=cu, inplace=True, backend="triton",
-                                         assume_in_table=True), (got, ref)),
+                                         assume_in_table=True),
+                 lambda: (R.apply_rope_qk(q.clone(), k.clone(), cos, sin, cu_seqlens=cu, inplace=True,
+                                          backend="triton")[0], ref)),
                 ("posenc triton, cu_seqlens",
-                 lambda: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton", assume_in_table=True), None)]
+                 lambda: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton", assume_in_table=True),
+                 lambda: (R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton")[0], ref))]
         hfc = bench.compile("hf_varlen", lambda q, k, pos: _hf(q, k, cos_hf[pos][:, None].to(q.dtype),
                                                                sin_hf[pos][:, None].to(q.dtype)))
         if hfc is not None:
@@ -422,10 +428,11 @@ def section_varlen(bench: Bench) -> None:
         fa = bench.peers.get("flash_attn_rotary")
         if fa is not None:
             qa, ka = q.clone(), k.clone()
+            c_fa, s_fa = cos.to(dtype), sin.to(dtype)                      # flash-attn wants x's dtype
             rows.append(("flash-attention apply_rotary (cu_seqlens, max_seqlen; q then k)",
-                         lambda: (fa(qa, cos, sin, cu_seqlens=cu, max_seqlen=P, inplace=True),
-                                  fa(ka, cos, sin, cu_seqlens=cu, max_seqlen=P, inplace=True)),
-                         lambda: (fa(q.clone(), cos, sin, cu_seqlens=cu, max_seqlen=P), ref)))
+                         lambda: (fa(qa, c_fa, s_fa, cu_seqlens=cu, max_seqlen=P, inplace=True),
+                                  fa(ka, c_fa, s_fa, cu_seqlens=cu, max_seqlen=P, inplace=True)),
+                         lambda: (fa(q.clone(), c_fa, s_fa, cu_seqlens=cu, max_seqlen=P), ref)))
         fi = bench.peers.get("flashinfer_rope")
         if fi is not None:
             qf, kf = q.reshape(total, -1).clone(), k.reshape(total, -1).clone()

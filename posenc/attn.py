@@ -419,6 +419,13 @@ def _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_in_
             "with cu_seqlens, pass a 1-D encoding module (not a precomputed bias tensor, nor an encoding of per-axis "
             "coordinates, which takes a padded batch with positions)"
         )
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must hold the same tokens T_k")
+    if cu_seqlens_k is None and k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"q holds {q.shape[0]} tokens but k {k.shape[0]}: keys of other lengths than the queries (cached keys) need "
+            f"their own cumulative lengths, cu_seqlens_k"
+        )
     cu_q = check_cu_seqlens(cu_seqlens, q.device)
     cu_k = cu_q if cu_seqlens_k is None else check_cu_seqlens(cu_seqlens_k, q.device)
     if cu_k.shape != cu_q.shape:

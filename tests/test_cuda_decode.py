@@ -27,12 +27,13 @@ def _layer_step(rope, x, wq, wk, wv, cache_k, cache_v, offset):
 def test_attention_decode_step_runs_without_synchronisation(backend):
     rope = posenc.RotaryEmbedding(16, max_seq_len=256, backend=backend).cuda()
     q, k, v = (torch.randn(1, h, s, 16, device="cuda") for h, s in ((4, 1), (2, 100), (2, 100)))
+    pos = torch.tensor([99], device="cuda")                  # (a copy from the host synchronises: made before)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         posenc.attention(q, k, v, encoding=rope, causal=True)
         rope(q, k[:, :, :1], offset=99)
-        rope(q, k[:, :, :1], positions=torch.tensor([99], device="cuda"), assume_in_table=True)
+        rope(q, k[:, :, :1], positions=pos, assume_in_table=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -5,6 +5,7 @@ Run it in its own process (``pytest tests/test_gpu_paths_cuda.py``): Triton deci
 kernels are interpreted, and the interpreter tests turn the interpreter on.
 """
 
+import contextlib
 import os
 
 import pytest
@@ -30,8 +31,9 @@ def close(got, ref, dtype):
     torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol * 4)
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def no_sync():
+    """Any host-device synchronisation inside raises (build the inputs before: copies from the host sync)."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -100,15 +102,20 @@ def test_rms_norm_rope_kernel_matches_the_torch_engine():
         torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_the_new_paths_run_without_synchronisation(no_sync):
+def test_the_new_paths_run_without_synchronisation():
     cos, sin = tables(256, 64)
     cu = torch.tensor([0, 3, 9], dtype=torch.int32, device="cuda")
     q, k = torch.randn(9, 4, 64, device="cuda"), torch.randn(9, 2, 64, device="cuda")
-    R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, assume_in_table=True)
     kc, vc = torch.zeros(2, 2, 32, 64, device="cuda"), torch.zeros(2, 2, 32, 64, device="cuda")
     qd, kd = torch.randn(2, 4, 1, 64, device="cuda"), torch.randn(2, 2, 1, 64, device="cuda")
-    posenc.rope_and_cache(qd, kd, kd, kc, vc, cos, sin, cache_seqlens=torch.tensor([3, 7], device="cuda"),
-                          assume_valid=True)
+    lens = torch.tensor([3, 7], device="cuda")
+    wq, wk = torch.ones(64, device="cuda"), torch.ones(64, device="cuda")
+    rope = posenc.RotaryEmbedding(64, max_seq_len=256, device="cuda")        # (its tables come from the host)
+    with no_sync():
+        R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, assume_in_table=True)
+        rope(q, k, cu_seqlens=cu, assume_in_table=True)
+        posenc.rope_and_cache(qd, kd, kd, kc, vc, cos, sin, cache_seqlens=lens, assume_valid=True)
+        posenc.rms_norm_rope_qk(qd, kd, wq, wk, cos, sin, offset=5)
 
 
 def test_decode_step_captures_and_replays_in_a_cuda_graph():

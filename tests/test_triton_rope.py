@@ -206,3 +206,30 @@ def test_varlen_compiles_fullgraph():
     ref = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, backend="torch")
     for a, b in zip(f(q, k), ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
+
+
+def test_varlen_reads_strided_cu_seqlens_and_offsets():
+    """Views with stride 2 (every other entry) and an expanded offset (stride 0) are read correctly."""
+    q = torch.randn(13, 2, 8)
+    cos, sin = tables(32, 8)
+    cu_view = torch.stack([CU, torch.zeros_like(CU)], 1)[:, 0]               # stride 2
+    offsets = torch.tensor([[1, 0], [7, 0], [0, 0], [3, 0], [20, 0]])[:, 0]  # stride 2
+    for cu, off in ((cu_view, offsets), (CU, torch.tensor(4).expand(5))):
+        got = R.apply_rope_qk(q, None, cos, sin, cu_seqlens=cu, offset=off, backend="triton")[0]
+        ref = R.apply_rope_qk(q, None, cos, sin, cu_seqlens=cu.contiguous(), offset=off.contiguous(), backend="torch")[0]
+        torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+def test_varlen_across_programs_of_several_tokens(tokens):
+    """Sequences that straddle programs of several tokens (the launch's own choice is swept here)."""
+    from posenc.kernels import triton_rope
+
+    q, k = torch.randn(1, 13, 2, 8), torch.randn(1, 13, 1, 8)                 # (1, T, H, D)
+    cos, sin = tables(32, 8)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    off = torch.tensor([1, 7, 0, 3, 20])
+    triton_rope.launch(q, k, qo, ko, cos, sin, None, off, False, 1, False, CU, tokens=tokens)
+    ref = R.apply_rope_qk(q[0], k[0], cos, sin, cu_seqlens=CU, offset=off, backend="torch")
+    torch.testing.assert_close(qo[0], ref[0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(ko[0], ref[1], rtol=0, atol=2e-6)

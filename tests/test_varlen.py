@@ -232,6 +232,14 @@ def test_attention_packed_errors(kwargs, match):
         posenc.attention(q, k, v, **kwargs)
 
 
+def test_attention_packed_keys_of_another_length_need_their_own_lengths():
+    q, k = torch.randn(12, 2, 8), torch.randn(9, 2, 8)
+    with pytest.raises(ValueError, match="need their own cumulative lengths, cu_seqlens_k"):
+        posenc.attention(q, k, k, cu_seqlens=CU)
+    with pytest.raises(ValueError, match="must hold the same tokens T_k"):
+        posenc.attention(q, k, k[:8], cu_seqlens=CU, cu_seqlens_k=torch.tensor([0, 2, 2, 5, 9]))
+
+
 def test_attention_packed_needs_packed_tokens():
     q = k = v = torch.randn(1, 2, 12, 8)
     with pytest.raises(ValueError, match=r"packed tokens \(T, H, D\)"):

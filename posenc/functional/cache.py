@@ -434,7 +434,8 @@ def _rope_and_cache_torch(q, k, v, k_cache, v_cache, cos, sin, index, positions,
             return torch_rope.rope_qk(x, y, cos=cos, sin=sin, positions=rot_pos, offset=0, layout=layout, seq_dim=sd,
                                       inplace=in_place)
         except ValueError as err:                                           # the lookup caught a broken promise
-            raise ValueError(str(err).replace("assume_in_table=True", "assume_valid=True")) from None
+            raise ValueError(str(err).replace("assume_in_table=True", "assume_valid=True")
+                             .replace("checked or computed", "checked")) from None
 
     if inplace:
         k_rot = rotate(work, None, False)[0]

@@ -34,7 +34,7 @@ def _copy_heads(src_ptr, dst_ptr, n_heads, s_h, s_d, o_h, o_d, start, stop,
                 BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
     """Copy features ``[start, stop)`` of ``n_heads`` heads of one token, rounding once to ``dst``'s dtype."""
     for h0 in range(0, n_heads, BLOCK_H):
-        offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+        offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None].to(tl.int64)   # (int64: a row may pass 2**31 elements)
         for c0 in range(start, stop, BLOCK_C):
             offs_c = (c0 + tl.arange(0, BLOCK_C))[None, :]
             m = (offs_h < n_heads) & (offs_c < stop)

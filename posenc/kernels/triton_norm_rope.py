@@ -108,7 +108,7 @@ def _norm_rope_heads(x_ptr, y_ptr, w_ptr, n_heads, D, s_h, s_d, o_h, o_d, w_h, w
         # pass 1: the sum of squares over the token's whole row (all heads)
         acc = tl.zeros((BLOCK_H, 1), dtype=tl.float32)
         for h0 in range(0, n_heads, BLOCK_H):
-            rows = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            rows = (h0 + tl.arange(0, BLOCK_H))[:, None].to(tl.int64)   # (int64: a row may pass 2**31 elements)
             mh = rows < n_heads
             x1, x2 = _load_pairs(x_ptr, rows, s_h, s_d, H2, mh, INTERLEAVED, BLOCK_H, BLOCK_D)
             xo, xm = _rest_offsets(rows, s_h, s_d, H2, D, mh, BLOCK_R)
@@ -116,7 +116,7 @@ def _norm_rope_heads(x_ptr, y_ptr, w_ptr, n_heads, D, s_h, s_d, o_h, o_d, w_h, w
             acc += _sum_sq(x1, x2, x3)
         r_token = tl.rsqrt(tl.sum(acc) / (n_heads * D) + eps)
     for h0 in range(0, n_heads, BLOCK_H):
-        rows = (h0 + tl.arange(0, BLOCK_H))[:, None]
+        rows = (h0 + tl.arange(0, BLOCK_H))[:, None].to(tl.int64)   # (int64: a row may pass 2**31 elements)
         mh = rows < n_heads
         x1, x2, x3, w1, w2, w3 = _load_head_block(x_ptr, w_ptr, rows, s_h, s_d, w_h, w_d, H2, D, mh,
                                                   INTERLEAVED, BLOCK_H, BLOCK_D, BLOCK_R)
@@ -143,7 +143,7 @@ def _norm_rope_heads_bwd(x_ptr, g_ptr, dx_ptr, w_ptr, dw_ptr, n_heads, D, s_h, s
         acc_ss = tl.zeros((BLOCK_H, 1), dtype=tl.float32)
         acc_gx = tl.zeros((BLOCK_H, 1), dtype=tl.float32)
         for h0 in range(0, n_heads, BLOCK_H):
-            rows = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            rows = (h0 + tl.arange(0, BLOCK_H))[:, None].to(tl.int64)   # (int64: a row may pass 2**31 elements)
             mh = rows < n_heads
             x1, x2, x3, w1, w2, w3 = _load_head_block(x_ptr, w_ptr, rows, s_h, s_d, w_h, w_d, H2, D, mh,
                                                       INTERLEAVED, BLOCK_H, BLOCK_D, BLOCK_R)
@@ -164,7 +164,7 @@ def _norm_rope_heads_bwd(x_ptr, g_ptr, dx_ptr, w_ptr, dw_ptr, n_heads, D, s_h, s
         dw2 = tl.zeros((1, BLOCK_D), dtype=tl.float32)
         dw3 = tl.zeros((1, BLOCK_R), dtype=tl.float32)
     for h0 in range(0, n_heads, BLOCK_H):
-        rows = (h0 + tl.arange(0, BLOCK_H))[:, None]
+        rows = (h0 + tl.arange(0, BLOCK_H))[:, None].to(tl.int64)   # (int64: a row may pass 2**31 elements)
         mh = rows < n_heads
         x1, x2, x3, w1, w2, w3 = _load_head_block(x_ptr, w_ptr, rows, s_h, s_d, w_h, w_d, H2, D, mh,
                                                   INTERLEAVED, BLOCK_H, BLOCK_D, BLOCK_R)

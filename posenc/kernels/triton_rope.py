@@ -33,7 +33,7 @@ def _rotate_heads(src_ptr, dst_ptr, n_heads, s_h, s_d, o_h, o_d, c, sn, H2,
         offs = tl.arange(0, 2 * BLOCK_D)
         d = offs[None, :]
         for h0 in range(0, n_heads, BLOCK_H):
-            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None].to(tl.int64)   # (int64: a row may pass 2**31 elements)
             m = (offs_h < n_heads) & (offs < 2 * H2)[None, :]
             x = tl.load(src_ptr + offs_h * s_h + d * s_d, mask=m, other=0.0).to(tl.float32)
             x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D, 2)))
@@ -44,7 +44,7 @@ def _rotate_heads(src_ptr, dst_ptr, n_heads, s_h, s_d, o_h, o_d, c, sn, H2,
         d1 = offs_d[None, :]
         d2 = (offs_d + H2)[None, :]
         for h0 in range(0, n_heads, BLOCK_H):
-            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None]
+            offs_h = (h0 + tl.arange(0, BLOCK_H))[:, None].to(tl.int64)   # (int64: a row may pass 2**31 elements)
             m = (offs_h < n_heads) & (offs_d < H2)[None, :]
             x1 = tl.load(src_ptr + offs_h * s_h + d1 * s_d, mask=m, other=0.0).to(tl.float32)
             x2 = tl.load(src_ptr + offs_h * s_h + d2 * s_d, mask=m, other=0.0).to(tl.float32)
@@ -222,7 +222,8 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
         cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
     if cu_seqlens is not None:                                             # (T, H, D) -> (1, T, H, D)
         q4, k4 = q[None], (None if k is None else k[None])
-        seq_offsets, first = (offset, 0) if isinstance(offset, torch.Tensor) else (None, offset)
+        cu_seqlens = cu_seqlens.contiguous()                                # the kernel reads them with stride 1
+        seq_offsets, first = (offset.contiguous(), 0) if isinstance(offset, torch.Tensor) else (None, offset)
         qo, ko = _rotate(q4, k4, cos, sin, None, first, layout, 1, inplace, cu_seqlens, seq_offsets)
         if inplace:
             return q, k
