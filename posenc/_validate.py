@@ -49,3 +49,20 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
     return value
+
+
+def check_head_range(num_heads: int, head_range: Any) -> tuple[int, int]:
+    """``head_range`` as ``(start, stop)`` with ``0 <= start < stop <= num_heads`` (None: every head):
+    the heads of a tensor-parallel rank, out of the full model's ``num_heads``."""
+    if head_range is None:
+        return 0, num_heads
+    if not isinstance(head_range, (tuple, list)) or len(head_range) != 2:
+        raise TypeError(
+            f"head_range must be a (start, stop) pair of ints, got {head_range!r}; e.g. "
+            f"posenc.distributed.head_range(num_heads, rank, world_size)"
+        )
+    start = check_int("head_range[0]", head_range[0], minimum=0)
+    stop = check_int("head_range[1]", head_range[1], minimum=1)
+    if not start < stop <= num_heads:
+        raise ValueError(f"head_range=({start}, {stop}) must satisfy 0 <= start < stop <= num_heads={num_heads}")
+    return start, stop

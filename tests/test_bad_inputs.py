@@ -1379,8 +1379,16 @@ for _id, _call, _exc, _match in [
     ("init-symmetric-str", lambda: AlibiBias(2, symmetric="yes"), TypeError, "symmetric must be a bool"),
     ("dtype-int", lambda: AlibiBias(2)(_A, dtype=torch.long), TypeError, "dtype must be one of"),
     ("module-meta", lambda: AlibiBias(2, device=META)(_A), ValueError, "slopes is on meta but positions on cpu.*reset_buffers"),
+    ("head_range-past-the-heads", lambda: AlibiBias(4, head_range=(2, 5)), ValueError, r"0 <= start < stop <= num_heads=4"),
+    ("head_range-empty", lambda: AlibiBias(4, head_range=(2, 2)), ValueError, r"0 <= start < stop"),
+    ("head_range-int", lambda: AlibiBias(4, head_range=2), TypeError, r"head_range must be a \(start, stop\) pair"),
+    ("head_range-float", lambda: AlibiBias(4, head_range=(0.0, 2)), TypeError, r"head_range\[0\] must be an int"),
+    ("head_range-vs-q-heads", lambda: posenc.attention(*(rand(1, 4, 3, 8),) * 3, encoding=AlibiBias(4, head_range=(0, 2))),
+     ValueError, r"AlibiBias has 2 heads \(heads \(0, 2\) of 4\) but q has 4"),
 ]:
     bad("AlibiBias", _id, _call, _exc, _match)
+good("AlibiBias", "head_range-slice-of-the-slopes", lambda: AlibiBias(6, head_range=(3, 6))(_A, dtype=torch.float64),
+     lambda out: close(out, ref_alibi(arr(_A), arr(_A), ref_slopes(6)[3:6]), atol=0, rtol=1e-15))
 good("AlibiBias", "all-meta", lambda: AlibiBias(2, device=META)(torch.arange(3, device=META)),
      lambda out: (out.is_meta and out.shape == (2, 3, 3)) or pytest.fail("not a (2, 3, 3) meta tensor"))
 good("AlibiBias", "symmetric-float64", lambda: AlibiBias(5, symmetric=True)(_A, torch.tensor([5, -1]), dtype=torch.float64),

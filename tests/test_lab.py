@@ -149,7 +149,7 @@ def test_cli_plot_writes_pngs(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     assert main(["plot", "--out", str(tmp_path), "--dim", "16", "--max-len", "32"]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["axial_similarity.png", "logits_vs_distance.png", "similarity_vs_distance.png", "sincos_2d_table.png",
+    assert names == ["axial_similarity.png", "context_parallel_shards.png", "logits_vs_distance.png", "similarity_vs_distance.png", "sincos_2d_table.png",
                      "sinusoidal_table.png"]
     assert all(pathlib.Path(tmp_path / n).read_bytes()[:4] == b"\x89PNG" for n in names)
 

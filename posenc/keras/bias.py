@@ -41,7 +41,7 @@ def _bias_spec(layer, positions, key_positions):
     key_positions = positions if key_positions is None else key_positions
     p, k = (static_shape(t) for t in _check_pair(positions, key_positions))
     batch = p[:1] if len(p) == 2 else k[:1] if len(k) == 2 else ()
-    return keras.KerasTensor((*batch, layer.num_heads, p[-1], k[-1]), dtype=layer.compute_dtype)
+    return keras.KerasTensor((*batch, layer.local_heads, p[-1], k[-1]), dtype=layer.compute_dtype)
 
 
 @keras.saving.register_keras_serializable(package="posenc")
@@ -51,17 +51,23 @@ class AlibiBias(PositionsLayer):
     Slopes follow the paper's rule for any head count (the same core as the torch side).
     ``positions`` and ``key_positions`` are integers ``(S,)`` or ``(B, S)`` within int32 (checked
     where their values are concrete); the output is ``(B, H, S, S_k)`` when either is per row.
+    ``head_range=(start, stop)`` keeps heads ``start .. stop - 1`` of a ``num_heads`` model (tensor
+    parallelism), as on the torch side.
     """
 
     _position_args = (("positions", 0), ("key_positions", 1))
 
-    def __init__(self, num_heads: int, *, symmetric: bool = False, **kwargs) -> None:
+    def __init__(self, num_heads: int, *, symmetric: bool = False, head_range: tuple[int, int] | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
         if not isinstance(symmetric, bool):
             raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
         self.symmetric = symmetric
-        self.slopes = np.array(core_alibi.alibi_slopes(self.num_heads), dtype=np.float32)
+        self.head_range = _validate.check_head_range(self.num_heads, head_range)
+        self.local_heads = self.head_range[1] - self.head_range[0]
+        start, stop = self.head_range
+        self.slopes = np.array(core_alibi.alibi_slopes(self.num_heads), dtype=np.float32)[start:stop]
 
     def call(self, positions, key_positions=None):
         key_positions = positions if key_positions is None else key_positions
@@ -74,7 +80,8 @@ class AlibiBias(PositionsLayer):
         return _bias_spec(self, positions, key_positions)
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "num_heads": self.num_heads, "symmetric": self.symmetric}
+        return {**super().get_config(), "num_heads": self.num_heads, "symmetric": self.symmetric,
+                "head_range": list(self.head_range)}
 
 
 @keras.saving.register_keras_serializable(package="posenc")
@@ -82,20 +89,23 @@ class RelativePositionBias(PositionsLayer):
     """T5 bucketed relative bias with a learned ``(num_buckets, num_heads)`` weight -> ``(H, S, S_k)``.
 
     Buckets come from exact integer thresholds (posenc.core.relative), identical to the torch side.
-    Positions are checked as for :class:`AlibiBias`.
+    Positions are checked as for :class:`AlibiBias`.  With ``head_range=(start, stop)`` (tensor
+    parallelism) the weight holds those ``stop - start`` heads' columns.
     """
 
     _position_args = (("positions", 0), ("key_positions", 1))
 
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True,
-                 **kwargs) -> None:
+                 head_range: tuple[int, int] | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
+        self.head_range = _validate.check_head_range(self.num_heads, head_range)
+        self.local_heads = self.head_range[1] - self.head_range[0]
         self.num_buckets, self.max_distance, self.bidirectional = core_relative.check_bucket_args(
             num_buckets, max_distance, bidirectional)
         self.per_side, self.max_exact, thr = core_relative.thresholds(self.num_buckets, self.max_distance, self.bidirectional)
         self._thresholds = np.array(thr, dtype=np.int32)
-        self.weight = self.add_weight(shape=(self.num_buckets, self.num_heads),
+        self.weight = self.add_weight(shape=(self.num_buckets, self.local_heads),
                                       initializer=keras.initializers.RandomNormal(stddev=1.0), name="weight")
 
     def buckets(self, positions, key_positions):
@@ -121,4 +131,5 @@ class RelativePositionBias(PositionsLayer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "num_heads": self.num_heads, "num_buckets": self.num_buckets,
-                "max_distance": self.max_distance, "bidirectional": self.bidirectional}
+                "max_distance": self.max_distance, "bidirectional": self.bidirectional,
+                "head_range": list(self.head_range)}

@@ -228,7 +228,41 @@ def plot_encodings(out: pathlib.Path, *, dim: int = 64, length: int = 128, heads
     paths.append(out / "logits_vs_distance.png")
     fig.savefig(paths[-1])
     plt.close(fig)
-    return paths + plot_vision(out)
+    return paths + plot_vision(out) + plot_shards(out)
+
+
+def plot_shards(out: pathlib.Path, *, seq_len: int = 32, world_size: int = 4) -> list[pathlib.Path]:
+    """One figure: which rank holds which global position under contiguous and zigzag context
+    parallelism, and each rank's share of causal attention work."""
+    from posenc.distributed import shard_positions
+
+    plt = require_matplotlib()
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2), dpi=120, gridspec_kw={"width_ratios": [3, 3, 2]})
+    work: dict[str, list[int]] = {}
+    for ax, load_balance in zip(axes[:2], ("contiguous", "zigzag"), strict=True):
+        owner = torch.zeros(world_size, seq_len)
+        work[load_balance] = []
+        for r in range(world_size):
+            pos = shard_positions(seq_len, r, world_size, load_balance=load_balance)
+            owner[r, pos] = 1.0
+            work[load_balance].append(int((pos + 1).sum()))                # keys seen by causal queries
+        ax.imshow(owner.numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
+        ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)])
+        ax.set_xlabel("global position")
+        ax.set_title(f"{load_balance}: the positions each rank holds", fontsize=10)
+    x = torch.arange(world_size)
+    axes[2].bar(x - 0.2, work["contiguous"], width=0.4, label="contiguous", hatch="//", color="tab:gray")
+    axes[2].bar(x + 0.2, work["zigzag"], width=0.4, label="zigzag", color="tab:blue")
+    axes[2].set_xticks(range(world_size), [f"rank {r}" for r in range(world_size)])
+    axes[2].set_title("causal work per rank (query-key pairs)", fontsize=10)
+    axes[2].legend(fontsize=8)
+    fig.suptitle(f"Context parallelism: {seq_len} tokens over {world_size} ranks", fontsize=10)
+    fig.tight_layout()
+    path = out / "context_parallel_shards.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
 
 
 def plot_vision(out: pathlib.Path, *, grid: int = 16, dim: int = 64) -> list[pathlib.Path]:

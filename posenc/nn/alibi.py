@@ -22,9 +22,13 @@ class AlibiBias(TableModule):
     non-persistent float64 buffer.
 
     Args:
-        num_heads: query heads ``H``.
+        num_heads: query heads ``H`` of the whole model.
         symmetric: bias by ``|q_i - k_j|`` (bidirectional attention) instead of ``q_i - k_j``
             (causal attention, where later keys are masked anyway).
+        head_range: ``(start, stop)``: under tensor parallelism, the heads this rank holds (e.g.
+            :func:`posenc.distributed.head_range`); the module then has ``stop - start`` heads with
+            the slopes of heads ``start .. stop - 1`` of the full model, as BLOOM's tensor-parallel
+            code slices them.  Default: every head.
         device: device of the slopes.
 
     Examples:
@@ -37,19 +41,25 @@ class AlibiBias(TableModule):
     slopes: torch.Tensor
     _ignored_state_keys = ("alibi", "alibi_bias", "bias")
 
-    def __init__(self, num_heads: int, *, symmetric: bool = False, device: torch.device | str | None = None) -> None:
+    def __init__(self, num_heads: int, *, symmetric: bool = False, head_range: tuple[int, int] | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
         _validate.check_bool("symmetric", symmetric)
         self.symmetric = symmetric
-        self.register_buffer("slopes", torch.empty(self.num_heads, dtype=torch.float64, device=device), persistent=False)
+        self.head_range = _validate.check_head_range(self.num_heads, head_range)
+        self.local_heads = self.head_range[1] - self.head_range[0]
+        self.register_buffer("slopes", torch.empty(self.local_heads, dtype=torch.float64, device=device),
+                             persistent=False)
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
         """(Re)compute the slopes, e.g. after meta-device construction and ``to_empty``."""
         if self.slopes.device.type != "meta":
+            start, stop = self.head_range
             with torch.no_grad():
-                self.slopes.copy_(torch.tensor(core_alibi.alibi_slopes(self.num_heads), dtype=torch.float64))
+                full = torch.tensor(core_alibi.alibi_slopes(self.num_heads), dtype=torch.float64)
+                self.slopes.copy_(full[start:stop])
 
     def forward(
         self, positions: torch.Tensor, key_positions: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float32
@@ -81,8 +91,10 @@ class AlibiBias(TableModule):
         return score_mod
 
     def _check_heads(self, num_heads: int) -> None:
-        if num_heads != self.num_heads:
-            raise ValueError(f"AlibiBias has {self.num_heads} heads but q has {num_heads}")
+        if num_heads != self.local_heads:
+            held = "" if self.local_heads == self.num_heads else f" (heads {self.head_range} of {self.num_heads})"
+            raise ValueError(f"AlibiBias has {self.local_heads} heads{held} but q has {num_heads}")
 
     def extra_repr(self) -> str:
-        return f"{self.num_heads}, symmetric={self.symmetric}"
+        sharded = "" if self.local_heads == self.num_heads else f", head_range={self.head_range}"
+        return f"{self.num_heads}, symmetric={self.symmetric}{sharded}"

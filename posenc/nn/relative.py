@@ -28,6 +28,10 @@ class RelativePositionBias(nn.Module):
         max_distance: distances from here on share the last bucket (T5: 128).
         bidirectional: encoder-style (half the buckets for later keys) or decoder-style (later keys
             share bucket 0).
+        head_range: ``(start, stop)``: under tensor parallelism, the heads this rank holds (e.g.
+            :func:`posenc.distributed.head_range`); the weight then holds those ``stop - start``
+            columns, and loading a full model's ``(num_buckets, num_heads)`` weight keeps this
+            rank's slice.  Default: every head.
         device, dtype: of the weight ``(num_buckets, num_heads)``, initialised N(0, 1) as
             ``nn.Embedding``; its state-dict key ``weight`` maps to Hugging Face's
             ``relative_attention_bias.weight``.
@@ -44,6 +48,7 @@ class RelativePositionBias(nn.Module):
         num_buckets: int = 32,
         max_distance: int = 128,
         bidirectional: bool = True,
+        head_range: tuple[int, int] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -52,10 +57,21 @@ class RelativePositionBias(nn.Module):
         self.num_buckets, self.max_distance, self.bidirectional = core_relative.check_bucket_args(
             num_buckets, max_distance, bidirectional
         )
+        self.head_range = _validate.check_head_range(self.num_heads, head_range)
+        self.local_heads = self.head_range[1] - self.head_range[0]
         if dtype is not None:
             check_float_dtype("dtype", dtype)
-        self.weight = nn.Parameter(torch.empty(self.num_buckets, self.num_heads, device=device, dtype=dtype))
+        self.weight = nn.Parameter(torch.empty(self.num_buckets, self.local_heads, device=device, dtype=dtype))
         self.reset_parameters()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """A full model's ``(num_buckets, num_heads)`` weight loads as this rank's columns."""
+        key = prefix + "weight"
+        full = state_dict.get(key)
+        if (isinstance(full, torch.Tensor) and self.local_heads != self.num_heads
+                and tuple(full.shape) == (self.num_buckets, self.num_heads)):
+            state_dict[key] = full[:, self.head_range[0]:self.head_range[1]]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight)
@@ -112,9 +128,11 @@ class RelativePositionBias(nn.Module):
         return score_mod
 
     def _check_heads(self, num_heads: int) -> None:
-        if num_heads != self.num_heads:
-            raise ValueError(f"RelativePositionBias has {self.num_heads} heads but q has {num_heads}")
+        if num_heads != self.local_heads:
+            held = "" if self.local_heads == self.num_heads else f" (heads {self.head_range} of {self.num_heads})"
+            raise ValueError(f"RelativePositionBias has {self.local_heads} heads{held} but q has {num_heads}")
 
     def extra_repr(self) -> str:
+        sharded = "" if self.local_heads == self.num_heads else f", head_range={self.head_range}"
         return (f"{self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
-                f"bidirectional={self.bidirectional}")
+                f"bidirectional={self.bidirectional}{sharded}")

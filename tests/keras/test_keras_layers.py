@@ -196,3 +196,17 @@ def test_learned_embedding_padding_row_and_range_check():
 def test_bad_input(make, err, match):
     with pytest.raises(err, match=match):
         make()
+
+
+def test_bias_layers_hold_a_tensor_parallel_slice_of_the_heads():
+    from posenc.keras import AlibiBias, RelativePositionBias
+
+    pos = np.arange(5)
+    full, part = AlibiBias(8), AlibiBias(8, head_range=(2, 6))
+    np.testing.assert_allclose(ops.convert_to_numpy(part(pos)), ops.convert_to_numpy(full(pos))[2:6], rtol=0, atol=0)
+    again = AlibiBias.from_config(part.get_config())
+    assert again.head_range == (2, 6) and ops.convert_to_numpy(again(pos)).shape == (4, 5, 5)
+    t5 = RelativePositionBias(8, head_range=(4, 8))
+    assert tuple(t5.weight.shape) == (32, 4) and ops.convert_to_numpy(t5(pos)).shape == (4, 5, 5)
+    with pytest.raises(ValueError, match=r"0 <= start < stop <= num_heads=8"):
+        AlibiBias(8, head_range=(6, 9))

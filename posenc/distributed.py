@@ -1,0 +1,279 @@
+"""Positions under context and tensor parallelism, on ``torch.distributed``.
+
+Long-context training shards the *sequence* across devices (context parallelism, as in Llama 3's
+all-gather scheme, torchtitan and Transformer Engine) and the *heads* across devices (tensor
+parallelism, as in Megatron-LM and BLOOM).  A positional encoding stays correct only if
+
+- each shard encodes its **global** positions, which causal load balancing makes non-contiguous:
+  with ``load_balance="zigzag"`` the sequence is cut into ``2W`` chunks and rank ``r`` of ``W``
+  holds chunks ``r`` and ``2W - 1 - r``, so every rank gets the same share of causal work::
+
+      W = 2, 8 tokens:   chunks  [0 1] [2 3] [4 5] [6 7]
+                         rank 0:  [0 1]             [6 7]
+                         rank 1:        [2 3] [4 5]
+
+- attention masks compare global positions, not local indices;
+- length-dependent rules (dynamic NTK, LongRoPE, YaRN's thresholds) use the global length;
+- ALiBi slopes and T5 bias heads of a rank are *its slice* of the full model's heads
+  (:class:`~posenc.AlibiBias` and :class:`~posenc.RelativePositionBias` take ``head_range``).
+
+This module gives the pieces: :func:`shard_positions`, :func:`shard_sequence` and
+:func:`unshard_sequence` (the token layout), :func:`head_range` and
+:func:`tensor_parallel_head_range` (the head layout), and :func:`context_parallel_attention`, which
+all-gathers keys and values across the group with autograd (``torch.distributed`` collectives:
+the backward pass reduce-scatters the keys' and values' gradients) and applies any posenc encoding with global positions.  ``torch.distributed`` is imported only by
+the functions that communicate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posenc import _validate
+from posenc.attn import attention
+
+__all__ = [
+    "LOAD_BALANCE",
+    "context_parallel_attention",
+    "head_range",
+    "shard_positions",
+    "shard_sequence",
+    "tensor_parallel_head_range",
+    "unshard_sequence",
+]
+
+#: How a sequence is cut across ranks: ``"zigzag"`` (chunks ``r`` and ``2W - 1 - r``, balanced causal
+#: work) or ``"contiguous"`` (rank ``r`` holds the ``r``-th block).
+LOAD_BALANCE = ("zigzag", "contiguous")
+
+
+def _check_layout(seq_len: object, world_size: object, load_balance: object) -> tuple[int, int, int]:
+    """``(seq_len, world_size, chunks)`` checked; the length must split into the chunks evenly."""
+    seq_len = _validate.check_int("seq_len", seq_len, minimum=0)
+    world_size = _validate.check_int("world_size", world_size, minimum=1)
+    _validate.check_choice("load_balance", load_balance, LOAD_BALANCE)
+    chunks = 2 * world_size if load_balance == "zigzag" else world_size
+    if seq_len % chunks:
+        raise ValueError(
+            f"seq_len={seq_len} does not split into {chunks} equal chunks ({load_balance} sharding over world_size="
+            f"{world_size}); pad the sequence to a multiple of {chunks} (and mask the padding)"
+        )
+    return seq_len, world_size, chunks
+
+
+def shard_positions(seq_len: int, rank: int, world_size: int, *, load_balance: str = "zigzag",
+                    device: torch.device | str | None = None) -> torch.Tensor:
+    """The global positions of the tokens that rank ``rank`` of ``world_size`` holds, in its order.
+
+    Args:
+        seq_len: the global sequence length ``S`` (a multiple of ``2 * world_size`` for zigzag, of
+            ``world_size`` for contiguous sharding).
+        rank, world_size: this rank in the context-parallel group, and the group's size ``W``.
+        load_balance: ``"zigzag"`` (chunks ``rank`` and ``2W - 1 - rank`` of ``2W``) or
+            ``"contiguous"`` (block ``rank`` of ``W``).
+        device: of the result.
+
+    Returns:
+        ``(S / W,)`` int64 positions: pass them as ``positions`` to any posenc encoding or to
+        :func:`context_parallel_attention`.
+
+    Raises:
+        ValueError: a length that does not split evenly (with the length to pad to), a rank outside
+            ``[0, world_size)``, an unknown ``load_balance``.
+
+    Examples:
+        >>> shard_positions(8, 0, 2)
+        tensor([0, 1, 6, 7])
+        >>> shard_positions(8, 1, 2, load_balance="contiguous")
+        tensor([4, 5, 6, 7])
+    """
+    seq_len, world_size, chunks = _check_layout(seq_len, world_size, load_balance)
+    rank = _validate.check_int("rank", rank, minimum=0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+    size = seq_len // chunks
+    owned = (rank, chunks - 1 - rank) if load_balance == "zigzag" else (rank,)
+    return torch.cat([torch.arange(c * size, (c + 1) * size, device=device) for c in owned])
+
+
+def _gathered_order(seq_len: int, world_size: int, load_balance: str) -> torch.Tensor:
+    """Global positions of the rank-ordered concatenation of every rank's shard."""
+    return torch.cat([shard_positions(seq_len, r, world_size, load_balance=load_balance) for r in range(world_size)])
+
+
+def shard_sequence(x: torch.Tensor, rank: int, world_size: int, *, dim: int = 1,
+                   load_balance: str = "zigzag") -> torch.Tensor:
+    """The tokens of ``x`` (sequence axis ``dim``) that rank ``rank`` holds, in :func:`shard_positions` order.
+
+    Examples:
+        >>> shard_sequence(torch.arange(8)[None], 1, 2)
+        tensor([[2, 3, 4, 5]])
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    dim = _seq_axis(x, dim)
+    index = shard_positions(x.shape[dim], rank, world_size, load_balance=load_balance, device=x.device)
+    return x.index_select(dim, index)
+
+
+def unshard_sequence(shards: list[torch.Tensor] | tuple[torch.Tensor, ...], *, dim: int = 1,
+                     load_balance: str = "zigzag") -> torch.Tensor:
+    """The full sequence, in its original order, from every rank's shard (in rank order, e.g. from
+    ``torch.distributed.all_gather``).  Differentiable.
+
+    Examples:
+        >>> x = torch.arange(8)[None]
+        >>> unshard_sequence([shard_sequence(x, r, 2) for r in range(2)])
+        tensor([[0, 1, 2, 3, 4, 5, 6, 7]])
+    """
+    if not isinstance(shards, (list, tuple)) or not shards or not all(isinstance(s, torch.Tensor) for s in shards):
+        raise TypeError("shards must be a non-empty list of tensors, one per rank in rank order")
+    dim = _seq_axis(shards[0], dim)
+    if any(s.shape != shards[0].shape for s in shards):
+        raise ValueError(f"every shard must have one shape; got {[tuple(s.shape) for s in shards]}")
+    world_size = len(shards)
+    seq_len = world_size * shards[0].shape[dim]
+    order = _gathered_order(seq_len, world_size, load_balance).to(shards[0].device)
+    inverse = torch.argsort(order)                                          # gathered index of each position
+    return torch.cat(list(shards), dim).index_select(dim, inverse)
+
+
+def _seq_axis(x: torch.Tensor, dim: object) -> int:
+    dim = _validate.check_int("dim", dim)
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim={dim} is not an axis of a {x.dim()}-D tensor")
+    return dim % x.dim()
+
+
+def head_range(num_heads: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``(start, stop)``: the heads rank ``rank`` of a ``world_size``-way tensor-parallel group holds
+    (Megatron-style contiguous blocks; ``num_heads`` must be a multiple of ``world_size``).
+
+    Examples:
+        >>> head_range(8, 1, 4)
+        (2, 4)
+    """
+    num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
+    world_size = _validate.check_int("world_size", world_size, minimum=1)
+    rank = _validate.check_int("rank", rank, minimum=0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+    if num_heads % world_size:
+        raise ValueError(f"num_heads={num_heads} does not split evenly over world_size={world_size} ranks")
+    per = num_heads // world_size
+    return rank * per, (rank + 1) * per
+
+
+def tensor_parallel_head_range(num_heads: int, group: Any = None) -> tuple[int, int]:
+    """:func:`head_range` for this process in the tensor-parallel ``group`` (default: the world)."""
+    import torch.distributed as dist
+
+    return head_range(num_heads, dist.get_rank(group), dist.get_world_size(group))
+
+
+def context_parallel_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    positions: torch.Tensor,
+    encoding: Any = None,
+    causal: bool = False,
+    group: Any = None,
+    seq_len: int | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "sdpa",
+) -> torch.Tensor:
+    """Attention of this rank's queries over the whole sharded sequence (all-gather context parallelism).
+
+    Every rank of ``group`` holds a shard of the sequence (:func:`shard_sequence`) and calls this
+    with its shard's q, k, v and global ``positions``.  Keys, values and their positions are
+    all-gathered (with autograd: the backward pass sums each key's gradient over the ranks whose
+    queries used it, as Llama 3's context parallelism does), and :func:`posenc.attention` then
+    applies ``encoding`` at global positions: rotary embeddings rotate q and the gathered keys at
+    their own positions, ALiBi and T5 biases are built from the position differences, and
+    ``causal`` compares global positions, so any sharding order is right.  Length-dependent rotary
+    rules see the global length.
+
+    Args:
+        q: this rank's queries ``(B, H, S_local, D)``.
+        k, v: this rank's keys and values ``(B, H_kv, S_local, D)`` (unrotated).
+        positions: ``(S_local,)`` global positions of this shard, e.g. from :func:`shard_positions`.
+        encoding: as for :func:`posenc.attention` (a rotary module, an ``AlibiBias``, a
+            ``RelativePositionBias``, or None for additive encodings applied to the embeddings);
+            under tensor parallelism too, the bias modules built with this rank's ``head_range``.
+        causal: mask keys at later global positions.
+        group: the context-parallel process group (default: the world).
+        seq_len: the length for length-dependent rules; default ``world_size * S_local``, the
+            global length.
+        scale, dropout_p, backend: as for :func:`posenc.attention`.
+
+    Returns:
+        ``(B, H, S_local, D)``: this rank's rows of the attention output.
+
+    Raises:
+        ValueError: positions of the wrong shape or device, a ``torch.distributed`` group that is
+            not initialised, and whatever :func:`posenc.attention` rejects.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("context_parallel_attention needs an initialised torch.distributed process group "
+                         "(torch.distributed.init_process_group)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be this rank's (B, H, S_local, D) shard, got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise TypeError("positions must be an integer tensor (S_local,) of global positions, e.g. from shard_positions")
+    if positions.shape != (k.shape[2],) or positions.device != k.device:
+        raise ValueError(
+            f"positions must be ({k.shape[2]},) on {k.device}, the global positions of this shard; got "
+            f"{tuple(positions.shape)} on {positions.device}"
+        )
+    world = dist.get_world_size(group)
+    k_all = _GatherSequence.apply(k, 2, group)                              # (B, H_kv, W * S_local, D), autograd
+    v_all = _GatherSequence.apply(v, 2, group)
+    all_positions = [torch.empty_like(positions) for _ in range(world)]
+    dist.all_gather(all_positions, positions.contiguous(), group=group)     # integers: no gradient
+    return attention(
+        q, k_all, v_all, encoding=encoding, positions=positions, key_positions=torch.cat(all_positions),
+        causal=causal, scale=scale, dropout_p=dropout_p, seq_len=world * k.shape[2] if seq_len is None else seq_len,
+        backend=backend,
+    )
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along ``dim`` (rank order) whose backward sums the gradient over the ranks and keeps
+    this rank's slice: a reduce-scatter on NCCL, an all-reduce elsewhere (gloo has no reduce-scatter).
+
+    (``torch.distributed.nn.functional.all_gather`` is deprecated, and on gloo its backward scatters
+    into buffers shaped like the incoming gradients, which are strided views after a ``cat``: the
+    gradients came out wrong.)
+    """
+
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        import torch.distributed as dist
+
+        ctx.dim, ctx.group, ctx.size = dim, group, x.shape[dim]
+        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        rank = dist.get_rank(ctx.group)
+        if dist.get_backend(ctx.group) == "nccl":
+            moved = grad.movedim(ctx.dim, 0).contiguous()                   # (W * n, ...): rank r's rows are block r
+            out = torch.empty_like(moved.narrow(0, 0, ctx.size))
+            dist.reduce_scatter_tensor(out, moved, group=ctx.group)
+            return out.movedim(0, ctx.dim), None, None
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total.narrow(ctx.dim, rank * ctx.size, ctx.size), None, None
