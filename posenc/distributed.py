@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from posenc import _validate
+from posenc._torch.heads import split_heads
 from posenc.attn import attention
 
 __all__ = [
@@ -155,22 +156,15 @@ def head_range(num_heads: int, rank: int, world_size: int) -> tuple[int, int]:
         >>> head_range(8, 1, 4)
         (2, 4)
     """
-    num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
-    world_size = _validate.check_int("world_size", world_size, minimum=1)
-    rank = _validate.check_int("rank", rank, minimum=0)
-    if rank >= world_size:
-        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
-    if num_heads % world_size:
-        raise ValueError(f"num_heads={num_heads} does not split evenly over world_size={world_size} ranks")
-    per = num_heads // world_size
-    return rank * per, (rank + 1) * per
+    return split_heads(num_heads, rank, world_size)
 
 
 def tensor_parallel_head_range(num_heads: int, group: Any = None) -> tuple[int, int]:
-    """:func:`head_range` for this process in the tensor-parallel ``group`` (default: the world)."""
+    """:func:`head_range` for this process in the tensor-parallel ``group`` (default: the world).
+    The bias modules take the group directly too: ``AlibiBias(num_heads, tp_group=group)``."""
     import torch.distributed as dist
 
-    return head_range(num_heads, dist.get_rank(group), dist.get_world_size(group))
+    return split_heads(num_heads, dist.get_rank(group), dist.get_world_size(group))
 
 
 def context_parallel_attention(

@@ -71,6 +71,8 @@ def test_zigzag_by_hand_and_balanced_causal_work():
     (lambda: head_range(6, 0, 4), ValueError, "num_heads=6 does not split evenly over world_size=4"),
     (lambda: posenc.AlibiBias(8, head_range=(4, 9)), ValueError, r"0 <= start < stop <= num_heads=8"),
     (lambda: posenc.RelativePositionBias(8, head_range=(3,)), TypeError, r"\(start, stop\) pair"),
+    (lambda: posenc.AlibiBias(8, head_range=(0, 2), tp_group=object()), ValueError, "head_range or tp_group, not both"),
+    (lambda: posenc.AlibiBias(8, tp_group=object()), ValueError, "initialised torch.distributed process group"),
     (lambda: unshard_sequence([]), TypeError, "one per rank"),
     (lambda: context_parallel_attention(*(torch.randn(1, 1, 2, 4),) * 3, positions=torch.arange(2)), ValueError,
      "initialised torch.distributed process group"),
@@ -190,8 +192,9 @@ def _run_tensor_parallel(rank, world, dtype, kind, causal):
     H = 2 * world
     full = posenc.AlibiBias(H) if kind == "alibi" else posenc.RelativePositionBias(H, dtype=dtype)
     start, stop = head_range(H, rank, world)
-    part = posenc.AlibiBias(H, head_range=(start, stop)) if kind == "alibi" else \
+    part = posenc.AlibiBias(H, tp_group=dist.group.WORLD) if kind == "alibi" else \
         posenc.RelativePositionBias(H, head_range=(start, stop), dtype=dtype)
+    assert part.head_range == (start, stop)
     part.load_state_dict(full.state_dict())
     q, k, v = (torch.randn(2, H, S, 4, dtype=dtype, generator=torch.Generator().manual_seed(i), requires_grad=True)
                for i in range(3))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from posenc import _validate
+from posenc._torch.heads import module_head_range
 from posenc._torch.tables import TableModule
 from posenc.core import alibi as core_alibi
 from posenc.functional import alibi as functional_alibi
@@ -29,6 +32,8 @@ class AlibiBias(TableModule):
             :func:`posenc.distributed.head_range`); the module then has ``stop - start`` heads with
             the slopes of heads ``start .. stop - 1`` of the full model, as BLOOM's tensor-parallel
             code slices them.  Default: every head.
+        tp_group: instead of ``head_range``, a tensor-parallel ``torch.distributed`` process group:
+            this process holds its rank's block of ``num_heads / group size`` heads.
         device: device of the slopes.
 
     Examples:
@@ -42,12 +47,12 @@ class AlibiBias(TableModule):
     _ignored_state_keys = ("alibi", "alibi_bias", "bias")
 
     def __init__(self, num_heads: int, *, symmetric: bool = False, head_range: tuple[int, int] | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 tp_group: Any = None, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.num_heads = _validate.check_int("num_heads", num_heads, minimum=1)
         _validate.check_bool("symmetric", symmetric)
         self.symmetric = symmetric
-        self.head_range = _validate.check_head_range(self.num_heads, head_range)
+        self.head_range = module_head_range(self.num_heads, head_range, tp_group)
         self.local_heads = self.head_range[1] - self.head_range[0]
         self.register_buffer("slopes", torch.empty(self.local_heads, dtype=torch.float64, device=device),
                              persistent=False)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from posenc import _validate
 from posenc._torch.checks import check_float_dtype, check_same_device
+from posenc._torch.heads import module_head_range
 from posenc.core import relative as core_relative
 from posenc.functional import relative as functional_relative
 
@@ -32,6 +35,8 @@ class RelativePositionBias(nn.Module):
             :func:`posenc.distributed.head_range`); the weight then holds those ``stop - start``
             columns, and loading a full model's ``(num_buckets, num_heads)`` weight keeps this
             rank's slice.  Default: every head.
+        tp_group: instead of ``head_range``, a tensor-parallel ``torch.distributed`` process group:
+            this process holds its rank's block of ``num_heads / group size`` heads.
         device, dtype: of the weight ``(num_buckets, num_heads)``, initialised N(0, 1) as
             ``nn.Embedding``; its state-dict key ``weight`` maps to Hugging Face's
             ``relative_attention_bias.weight``.
@@ -49,6 +54,7 @@ class RelativePositionBias(nn.Module):
         max_distance: int = 128,
         bidirectional: bool = True,
         head_range: tuple[int, int] | None = None,
+        tp_group: Any = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -57,7 +63,7 @@ class RelativePositionBias(nn.Module):
         self.num_buckets, self.max_distance, self.bidirectional = core_relative.check_bucket_args(
             num_buckets, max_distance, bidirectional
         )
-        self.head_range = _validate.check_head_range(self.num_heads, head_range)
+        self.head_range = module_head_range(self.num_heads, head_range, tp_group)
         self.local_heads = self.head_range[1] - self.head_range[0]
         if dtype is not None:
             check_float_dtype("dtype", dtype)
