@@ -498,8 +498,8 @@ def _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask
                 mask = mask + extra.to(q.dtype)
         if allowed is not None:
             mask = mask.masked_fill(~allowed, float("-inf"))
-    if mask is not None and mask.dim() == 3:
-        mask = mask.unsqueeze(0)                                                # (1, H|1, S, S_k)
+    if mask is not None and mask.dim() < 4:                                     # e.g. a (S_k,) key mask
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))        # (1, H|1, S|1, S_k)
     return mask
 
 

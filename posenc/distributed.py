@@ -21,7 +21,7 @@ This module gives the pieces: :func:`shard_positions`, :func:`shard_sequence` an
 :func:`unshard_sequence` (the token layout), :func:`head_range` and
 :func:`tensor_parallel_head_range` (the head layout), and :func:`context_parallel_attention`, which
 all-gathers keys and values across the group with autograd (``torch.distributed`` collectives:
-the backward pass reduce-scatters the keys' and values' gradients) and applies any posenc encoding with global positions.  ``torch.distributed`` is imported only by
+the backward pass sums the keys' and values' gradients over the ranks) and applies any posenc encoding with global positions.  ``torch.distributed`` is imported only by
 the functions that communicate.
 """
 
@@ -59,7 +59,8 @@ def _check_layout(seq_len: object, world_size: object, load_balance: object) -> 
     if seq_len % chunks:
         raise ValueError(
             f"seq_len={seq_len} does not split into {chunks} equal chunks ({load_balance} sharding over world_size="
-            f"{world_size}); pad the sequence to a multiple of {chunks} (and mask the padding)"
+            f"{world_size}); pad the sequence at the end to a multiple of {chunks} and pass the real length as "
+            f"context_parallel_attention(..., seq_len=)"
         )
     return seq_len, world_size, chunks
 
@@ -180,6 +181,7 @@ def context_parallel_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     backend: str = "sdpa",
+    assume_valid: bool = False,
 ) -> torch.Tensor:
     """Attention of this rank's queries over the whole sharded sequence (all-gather context parallelism).
 
@@ -201,48 +203,97 @@ def context_parallel_attention(
             under tensor parallelism too, the bias modules built with this rank's ``head_range``.
         causal: mask keys at later global positions.
         group: the context-parallel process group (default: the world).
-        seq_len: the length for length-dependent rules; default ``world_size * S_local``, the
-            global length.
-        scale, dropout_p, backend: as for :func:`posenc.attention`.
+        seq_len: the real global length, default ``world_size * S_local``.  A sequence padded to
+            split evenly passes its unpadded length: keys at positions ``>= seq_len`` are then
+            masked out (their queries' rows are padding to ignore), and length-dependent rules see
+            the real length.
+        scale, dropout_p, backend: as for :func:`posenc.attention`.  Dropout masks are drawn on
+            each rank: seed the ranks differently (or use ``dropout_p=0``) to avoid repeating one
+            mask on every shard.
+        assume_valid: promise that every rank passes shards of one length with valid positions.
+            Without it, the ranks first exchange their shard lengths and whether their arguments
+            are valid (one small collective and one read from the device), so that a mistake on
+            one rank raises a ``ValueError`` on every rank instead of hanging the others in the
+            all-gather.
 
     Returns:
         ``(B, H, S_local, D)``: this rank's rows of the attention output.
 
     Raises:
-        ValueError: positions of the wrong shape or device, a ``torch.distributed`` group that is
-            not initialised, and whatever :func:`posenc.attention` rejects.
+        ValueError: positions of the wrong shape or device, shards of different lengths (on every
+            rank), padding with ``backend="flex"``, a ``torch.distributed`` group that is not
+            initialised, and whatever :func:`posenc.attention` rejects.
     """
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("context_parallel_attention needs an initialised torch.distributed process group "
                          "(torch.distributed.init_process_group)")
+    _validate.check_bool("assume_valid", assume_valid)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be this rank's (B, H, S_local, D) shard, got "
-                             f"{getattr(t, 'shape', type(t).__name__)}")
-    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise TypeError("positions must be an integer tensor (S_local,) of global positions, e.g. from shard_positions")
-    if positions.shape != (k.shape[2],) or positions.device != k.device:
-        raise ValueError(
-            f"positions must be ({k.shape[2]},) on {k.device}, the global positions of this shard; got "
-            f"{tuple(positions.shape)} on {positions.device}"
-        )
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    problem = _shard_problem(q, k, v, positions)
     world = dist.get_world_size(group)
+    if not assume_valid:
+        _agree(problem, k.shape[2] if k.dim() == 4 else -1, k.device, group)
+    elif problem is not None:
+        raise ValueError(problem)
+    total = world * k.shape[2]
+    seq_len = total if seq_len is None else _validate.check_int("seq_len", seq_len, minimum=1)
     k_all = _GatherSequence.apply(k, 2, group)                              # (B, H_kv, W * S_local, D), autograd
     v_all = _GatherSequence.apply(v, 2, group)
     all_positions = [torch.empty_like(positions) for _ in range(world)]
     dist.all_gather(all_positions, positions.contiguous(), group=group)     # integers: no gradient
+    key_positions = torch.cat(all_positions)
+    real_keys = None
+    if seq_len < total:                                                     # padding at the end: not a key
+        if backend == "flex":
+            raise ValueError("padding (seq_len < world_size * S_local) needs backend='sdpa': flex takes no attn_mask")
+        real_keys = key_positions < seq_len                                 # (W * S_local,)
     return attention(
-        q, k_all, v_all, encoding=encoding, positions=positions, key_positions=torch.cat(all_positions),
-        causal=causal, scale=scale, dropout_p=dropout_p, seq_len=world * k.shape[2] if seq_len is None else seq_len,
-        backend=backend,
+        q, k_all, v_all, encoding=encoding, positions=positions, key_positions=key_positions, causal=causal,
+        attn_mask=real_keys, scale=scale, dropout_p=dropout_p, seq_len=seq_len, backend=backend,
     )
+
+
+def _shard_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: object) -> str | None:
+    """What is wrong with this rank's arguments (None if nothing), without raising yet."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            return f"{name} must be this rank's (B, H, S_local, D) shard, got shape {tuple(t.shape)}"
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        return "positions must be an integer tensor (S_local,) of global positions, e.g. from shard_positions"
+    if positions.shape != (k.shape[2],) or positions.device != k.device:
+        return (f"positions must be ({k.shape[2]},) on {k.device}, the global positions of this shard; got "
+                f"{tuple(positions.shape)} on {positions.device}")
+    return None
+
+
+def _agree(problem: str | None, length: int, device: torch.device, group: Any) -> None:
+    """Exchange every rank's shard length and validity; raise the same ``ValueError`` on every rank
+    if any rank has a problem or the lengths differ."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([length, problem is not None], dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    table = torch.stack(everyone).tolist()                                  # one read
+    bad = [r for r, (_, failed) in enumerate(table) if failed]
+    if problem is not None:
+        raise ValueError(problem)
+    if bad:
+        raise ValueError(f"rank(s) {bad} of the group passed invalid arguments to context_parallel_attention "
+                         f"(their error says which); this rank stops too")
+    lengths = [n for n, _ in table]
+    if len(set(lengths)) > 1:
+        raise ValueError(f"every rank must hold a shard of one length, got S_local = {lengths} by rank; shard the "
+                         f"sequence with shard_sequence (pad it to a multiple of the chunks and pass seq_len=)")
 
 
 class _GatherSequence(torch.autograd.Function):
     """All-gather along ``dim`` (rank order) whose backward sums the gradient over the ranks and keeps
-    this rank's slice: a reduce-scatter on NCCL, an all-reduce elsewhere (gloo has no reduce-scatter).
+    this rank's slice (a reduce-scatter).
 
     (``torch.distributed.nn.functional.all_gather`` is deprecated, and on gloo its backward scatters
     into buffers shaped like the incoming gradients, which are strided views after a ``cat``: the
@@ -253,21 +304,30 @@ class _GatherSequence(torch.autograd.Function):
     def forward(ctx, x, dim, group):
         import torch.distributed as dist
 
-        ctx.dim, ctx.group, ctx.size = dim, group, x.shape[dim]
+        ctx.dim, ctx.group = dim, group
         parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, x.contiguous(), group=group)
         return torch.cat(parts, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        import torch.distributed as dist
+        return _sum_scatter(grad, ctx.dim, ctx.group), None, None
 
-        rank = dist.get_rank(ctx.group)
-        if dist.get_backend(ctx.group) == "nccl":
-            moved = grad.movedim(ctx.dim, 0).contiguous()                   # (W * n, ...): rank r's rows are block r
-            out = torch.empty_like(moved.narrow(0, 0, ctx.size))
-            dist.reduce_scatter_tensor(out, moved, group=ctx.group)
-            return out.movedim(0, ctx.dim), None, None
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, group=ctx.group)
-        return total.narrow(ctx.dim, rank * ctx.size, ctx.size), None, None
+
+def _sum_scatter(grad: torch.Tensor, dim: int, group: Any = None, *, reduce_scatter: bool | None = None) -> torch.Tensor:
+    """This rank's block (along ``dim``, rank order) of the sum of ``grad`` over the ranks: the
+    backward pass of the all-gather.  A reduce-scatter for CUDA tensors (``reduce_scatter`` forces
+    the choice), else an all-reduce and a slice, which every backend has."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    size = grad.shape[dim] // world
+    if reduce_scatter if reduce_scatter is not None else grad.is_cuda:
+        moved = grad.movedim(dim, 0).contiguous()                           # (W * n, ...): rank r's rows are block r
+        out = torch.empty_like(moved.narrow(0, 0, size))
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        scatter(out, moved, group=group)
+        return out.movedim(0, dim)
+    total = grad.contiguous().clone()
+    dist.all_reduce(total, group=group)
+    return total.narrow(dim, rank * size, size)

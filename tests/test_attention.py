@@ -201,3 +201,17 @@ def test_attention_dispatches_by_protocol_not_by_type():
         body = (fn.body[1:] if ast.get_docstring(fn) else fn.body) or fn.body
         lines = body[-1].end_lineno - body[0].lineno + 1
         assert lines <= 50, f"{fn.name} has {lines} lines"
+
+
+def test_a_key_padding_mask_of_one_dimension_broadcasts():
+    """attn_mask (S_k,) (keys to attend) broadcasts to (B, H, S, S_k), with and without other masks."""
+    q, k, v = (torch.randn(2, 2, 4, 8, dtype=torch.float64) for _ in range(3))
+    keep = torch.tensor([True, True, True, False])
+    for causal in (False, True):
+        got = posenc.attention(q, k, v, attn_mask=keep, causal=causal)
+        want = posenc.attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], causal=causal) if causal else None
+        ref = posenc.attention(q, k[:, :, :3], v[:, :, :3], key_positions=torch.arange(3), positions=torch.arange(4),
+                               causal=causal)
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+        if want is not None:
+            torch.testing.assert_close(got[:, :, :3], want, rtol=0, atol=1e-12)

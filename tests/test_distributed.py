@@ -6,7 +6,6 @@ bidirectional) or over the heads, and must give the unsharded run's output and p
 from __future__ import annotations
 
 import os
-import socket
 import time
 from datetime import timedelta
 
@@ -29,7 +28,7 @@ if not dist.is_available():
     pytest.skip("torch.distributed is not available in this torch build", allow_module_level=True)
 
 ENCODINGS = ("sinusoidal", "learned", "rope-yarn", "rope-dynamic", "alibi", "t5")
-S, D_MODEL, HEADS, VOCAB = 16, 16, 4, 32
+S, D_MODEL, HEADS, KV_HEADS, VOCAB = 16, 16, 4, 2, 32                 # grouped-query attention: 2 key heads
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 TIME_LIMIT = 240                                                     # seconds for one group of processes
 
@@ -63,7 +62,7 @@ def test_zigzag_by_hand_and_balanced_causal_work():
 
 
 @pytest.mark.parametrize("call, err, match", [
-    (lambda: shard_positions(10, 0, 2), ValueError, "pad the sequence to a multiple of 4"),
+    (lambda: shard_positions(10, 0, 2), ValueError, "pad the sequence at the end to a multiple of 4"),
     (lambda: shard_positions(10, 0, 4, load_balance="contiguous"), ValueError, "multiple of 4"),
     (lambda: shard_positions(8, 2, 2), ValueError, r"rank=2 must lie in \[0, world_size=2\)"),
     (lambda: shard_positions(8, 0, 2, load_balance="ring"), ValueError, "load_balance must be one of"),
@@ -104,14 +103,17 @@ def test_head_ranges_slice_the_full_models_slopes_and_weights():
 class Block(nn.Module):
     def __init__(self, dtype):
         super().__init__()
-        self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL, dtype=dtype)
+        self.hd = D_MODEL // HEADS
+        self.qkv = nn.Linear(D_MODEL, D_MODEL + 2 * KV_HEADS * self.hd, dtype=dtype)
         self.out = nn.Linear(D_MODEL, D_MODEL, dtype=dtype)
         self.mlp = nn.Sequential(nn.Linear(D_MODEL, 2 * D_MODEL, dtype=dtype), nn.Tanh(),
                                  nn.Linear(2 * D_MODEL, D_MODEL, dtype=dtype))
 
     def forward(self, x, attend):
         B, T, _ = x.shape
-        q, k, v = (t.view(B, T, HEADS, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))   # (B, H, T, D)
+        q, k, v = self.qkv(x).split([D_MODEL, KV_HEADS * self.hd, KV_HEADS * self.hd], -1)
+        q = q.view(B, T, HEADS, self.hd).transpose(1, 2)                             # (B, H, T, hd)
+        k, v = (t.view(B, T, KV_HEADS, self.hd).transpose(1, 2) for t in (k, v))    # (B, H_kv, T, hd)
         x = x + self.out(attend(q, k, v).transpose(1, 2).reshape(B, T, D_MODEL))
         return x + self.mlp(x)
 
@@ -150,40 +152,68 @@ class Tiny(nn.Module):
         return self.readout(x)
 
 
-def _run_context_parallel(rank, world, dtype, encoding, load_balance, causal):
-    """Unsharded reference and sharded run on every rank; compare outputs and summed gradients."""
+def _run_context_parallel(rank, world, dtype, encoding, load_balance, causal, *, real=S, group=None):
+    """Unsharded reference and sharded run on every rank of ``group``; compare outputs and summed
+    gradients.  ``real < S``: the last ``S - real`` tokens are padding (``seq_len=real``)."""
     torch.manual_seed(0)
     model = Tiny(encoding, dtype)
     ids = torch.randint(0, VOCAB, (2, S), generator=torch.Generator().manual_seed(1))
     weights = torch.randn(2, S, VOCAB, dtype=dtype, generator=torch.Generator().manual_seed(2))
-    pos = torch.arange(S)
+    weights[:, real:] = 0                                                # padding contributes no loss
+    index_dtype = torch.int32 if dtype == torch.float32 else torch.int64  # both index dtypes
 
     def full_attend(q, k, v):
         return posenc.attention(q, k, v, encoding=model.inner, causal=causal)
 
-    ref = model(ids, pos, full_attend)
-    (ref * weights).sum().backward()
+    ref = model(ids[:, :real], torch.arange(real, dtype=index_dtype), full_attend)
+    (ref * weights[:, :real]).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
-    local = shard_positions(S, rank, world, load_balance=load_balance)
+    local = shard_positions(S, rank, world, load_balance=load_balance).to(index_dtype)
 
     def cp_attend(q, k, v):
-        return context_parallel_attention(q, k, v, positions=local, encoding=model.inner, causal=causal)
+        return context_parallel_attention(q, k, v, positions=local, encoding=model.inner, causal=causal, group=group,
+                                          seq_len=real if real < S else None)
 
     out = model(shard_sequence(ids, rank, world, load_balance=load_balance), local, cp_attend)
     (out * shard_sequence(weights, rank, world, load_balance=load_balance)).sum().backward()
     gathered = [torch.empty_like(out) for _ in range(world)]
-    dist.all_gather(gathered, out.detach().contiguous())
+    dist.all_gather(gathered, out.detach().contiguous(), group=group)
     tol = TOLERANCE[dtype]
-    what = f"{encoding}, {load_balance}, causal={causal}, {dtype}, world={world}"
-    torch.testing.assert_close(unshard_sequence(gathered, load_balance=load_balance), ref.detach(), rtol=0,
-                               atol=tol, msg=lambda m: f"output differs ({what}): {m}")
+    what = f"{encoding}, {load_balance}, causal={causal}, {dtype}, world={world}, real={real}"
+    whole = unshard_sequence(gathered, load_balance=load_balance)[:, :real]
+    torch.testing.assert_close(whole, ref.detach(), rtol=0, atol=tol, msg=lambda m: f"output differs ({what}): {m}")
     for name, p in model.named_parameters():
         grad = p.grad.clone()
-        dist.all_reduce(grad)                                        # the replicated parameters' gradients
+        dist.all_reduce(grad, group=group)                              # the replicated parameters' gradients
         torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=tol,
                                    msg=lambda m, name=name: f"gradient of {name} differs ({what}): {m}")
+
+
+def _run_collectives(rank, world):
+    """The backward's reduce-scatter path (taken for CUDA tensors) equals the all-reduce path here,
+    and a mistake on one rank raises on every rank instead of hanging the others."""
+    from posenc.distributed import _sum_scatter
+
+    g = torch.randn(2, 3, 4 * world, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    torch.testing.assert_close(_sum_scatter(g, 2, reduce_scatter=True), _sum_scatter(g, 2, reduce_scatter=False),
+                               rtol=0, atol=1e-12)
+    n = 3 if rank == 0 else 4
+    q = torch.randn(1, 2, n, 4)
+    try:
+        context_parallel_attention(q, q, q, positions=torch.arange(n))
+    except ValueError as err:
+        assert "S_local = [3, 4" in str(err), str(err)
+    else:
+        raise AssertionError("shards of different lengths were accepted")
+    bad = torch.arange(4) if rank else torch.arange(3)                  # rank 0's positions do not match
+    try:
+        context_parallel_attention(*(torch.randn(1, 2, 4, 4),) * 3, positions=bad)
+    except ValueError as err:
+        assert ("positions must be (4,)" in str(err)) if rank == 0 else ("rank(s) [0]" in str(err)), str(err)
+    else:
+        raise AssertionError("invalid positions on one rank were accepted")
 
 
 def _run_tensor_parallel(rank, world, dtype, kind, causal):
@@ -219,10 +249,9 @@ def _run_tensor_parallel(rank, world, dtype, kind, causal):
         torch.testing.assert_close(part.weight.grad, ref_grads[3][:, heads], rtol=0, atol=tol)
 
 
-def _worker(rank, world, port, result_dir):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+def _worker(rank, world, store, result_dir):
+    torch.set_num_threads(1)                                            # two cores for up to four processes
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
         done = 0
@@ -236,23 +265,25 @@ def _worker(rank, world, port, result_dir):
                 for causal in (False, True):
                     _run_tensor_parallel(rank, world, dtype, kind, causal)
                     done += 1
+        for encoding, causal in (("rope-dynamic", False), ("t5", True), ("learned", True)):   # padded to S
+            _run_context_parallel(rank, world, torch.float64, encoding, "zigzag", causal, real=S - 2)
+            done += 1
+        if world == 4:                                                  # two context-parallel groups of two
+            pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+            _run_context_parallel(rank % 2, 2, torch.float64, "rope-dynamic", "zigzag", True, group=pairs[rank // 2])
+            done += 1
+        _run_collectives(rank, world)
         with open(os.path.join(result_dir, f"rank{rank}.done"), "w") as f:
             f.write(str(done))
     finally:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_runs_equal_the_unsharded_run(world, tmp_path):
     mp = pytest.importorskip("torch.multiprocessing")
-    context = mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=False,
-                                 start_method="spawn")
+    context = mp.start_processes(_worker, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world,
+                                 join=False, start_method="spawn")
     deadline = time.monotonic() + TIME_LIMIT
     try:
         while not context.join(timeout=5):
@@ -262,14 +293,14 @@ def test_sharded_runs_equal_the_unsharded_run(world, tmp_path):
         for p in context.processes:                                  # never leave a process behind
             if p.is_alive():
                 p.kill()
-    runs = 2 * (len(ENCODINGS) * 4 + 4)
+            p.join(timeout=10)
+    runs = 2 * (len(ENCODINGS) * 4 + 4) + 3 + (world == 4)
     assert [int((tmp_path / f"rank{r}.done").read_text()) for r in range(world)] == [runs] * world
 
 
-def test_context_parallel_in_one_process_equals_plain_attention():
+def test_context_parallel_in_one_process_equals_plain_attention(tmp_path):
     """World size 1: the gather is the identity, so this is posenc.attention at the given positions."""
-    port = _free_port()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         rope = posenc.RotaryEmbedding(8, max_seq_len=32)
         q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
@@ -279,6 +310,9 @@ def test_context_parallel_in_one_process_equals_plain_attention():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         with pytest.raises(ValueError, match=r"positions must be \(6,\)"):
             context_parallel_attention(q, k, v, positions=pos[:5])
+        padded = context_parallel_attention(q, k, v, positions=torch.arange(6), encoding=rope, seq_len=4)
+        alone = posenc.attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], encoding=rope)
+        torch.testing.assert_close(padded[:, :, :4], alone, rtol=0, atol=1e-6)   # padding keys are masked out
     finally:
         dist.destroy_process_group()
 

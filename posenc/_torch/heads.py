@@ -15,7 +15,8 @@ def split_heads(num_heads: int, rank: int, world_size: int) -> tuple[int, int]:
     if rank >= world_size:
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
     if num_heads % world_size:
-        raise ValueError(f"num_heads={num_heads} does not split evenly over world_size={world_size} ranks")
+        raise ValueError(f"num_heads={num_heads} does not split evenly over world_size={world_size} ranks; use a "
+                         f"tensor-parallel size that divides the head count, or pass head_range= explicitly")
     per = num_heads // world_size
     return rank * per, (rank + 1) * per
 
@@ -30,4 +31,7 @@ def module_head_range(num_heads: int, head_range: Any, tp_group: Any) -> tuple[i
 
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("tp_group needs an initialised torch.distributed process group")
-    return split_heads(num_heads, dist.get_rank(tp_group), dist.get_world_size(tp_group))
+    rank = dist.get_rank(tp_group)
+    if rank < 0:
+        raise ValueError("this process is not a member of tp_group; build the module with the group it belongs to")
+    return split_heads(num_heads, rank, dist.get_world_size(tp_group))

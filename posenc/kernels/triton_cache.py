@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from posenc.kernels.triton_rope import _rotate_heads
+from posenc.kernels.triton_rope import _rotate_heads, table_row
 
 __all__ = ["rope_and_cache"]
 
@@ -70,13 +70,7 @@ def _rope_cache_kernel(
             pos = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
         else:
             pos = row
-    offs_d = tl.arange(0, BLOCK_D)
-    pos_d = offs_d.to(tl.int64) * 0 + pos                                   # the position, per feature
-    inside = (pos_d >= 0) & (pos_d < P)
-    trow = tl.where(inside, pos_d, 0)
-    mask_d = (offs_d < H2) & inside
-    c = tl.load(cos_ptr + trow * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
-    sn = tl.load(sin_ptr + trow * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
+    c, sn = table_row(cos_ptr, sin_ptr, pos, P, H2, st_row, st_col, BLOCK_D)
     if valid:
         k_src = k_ptr + b * sk_b + s * sk_s
         kc_dst = kc_ptr + blk * skc_blk + row * skc_row

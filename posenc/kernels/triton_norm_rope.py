@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from posenc.kernels.triton_rope import table_row
+
 __all__ = ["rms_norm_rope_qk"]
 
 
@@ -215,14 +217,7 @@ def _angles(cos_ptr, sin_ptr, pos_ptr, b, s, offset, H2, P, sp_b, sp_s, st_row, 
         pos = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
     else:
         pos = (s + offset).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    pos_d = offs_d.to(tl.int64) * 0 + pos                                   # the position, per feature
-    inside = (pos_d >= 0) & (pos_d < P)
-    row = tl.where(inside, pos_d, 0)
-    mask_d = (offs_d < H2) & inside
-    c = tl.load(cos_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=0.0)
-    sn = tl.load(sin_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=0.0)
-    return tl.where(inside, c, float("nan"))[None, :], tl.where(inside, sn, float("nan"))[None, :]
+    return table_row(cos_ptr, sin_ptr, pos, P, H2, st_row, st_col, BLOCK_D)
 
 
 @triton.jit

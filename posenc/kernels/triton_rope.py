@@ -53,6 +53,20 @@ def _rotate_heads(src_ptr, dst_ptr, n_heads, s_h, s_d, o_h, o_d, c, sn, H2,
 
 
 @triton.jit
+def table_row(cos_ptr, sin_ptr, pos, P, H2, st_row, st_col, BLOCK_D: tl.constexpr):
+    """The cos/sin row of position ``pos``, ``(1, BLOCK_D)`` each, in float32: 0 in the lanes past
+    ``H2``, and NaN in every lane for a position outside the ``P`` rows (never a read past the table)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    pos_d = offs_d.to(tl.int64) * 0 + pos                                   # the position, per feature
+    inside = (pos_d >= 0) & (pos_d < P)
+    row = tl.where(inside, pos_d, 0)
+    mask_d = (offs_d < H2) & inside
+    c = tl.load(cos_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=0.0)
+    sn = tl.load(sin_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=0.0)
+    return tl.where(inside, c, float("nan"))[None, :], tl.where(inside, sn, float("nan"))[None, :]
+
+
+@triton.jit
 def _rope_qk_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
     S, HQ, HK, H2, P, offset,
@@ -87,13 +101,7 @@ def _rope_qk_kernel(
                 pos = tl.load(pos_ptr + b * sp_b + s * sp_s).to(tl.int64)
             else:
                 pos = (s + offset).to(tl.int64)
-            offs_d = tl.arange(0, BLOCK_D)
-            pos_d = offs_d.to(tl.int64) * 0 + pos                           # the position, per feature
-            inside = (pos_d >= 0) & (pos_d < P)
-            row = tl.where(inside, pos_d, 0)
-            mask_d = (offs_d < H2) & inside
-            c = tl.load(cos_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
-            sn = tl.load(sin_ptr + row * st_row + offs_d * st_col, mask=mask_d, other=float("nan"))[None, :]
+            c, sn = table_row(cos_ptr, sin_ptr, pos, P, H2, st_row, st_col, BLOCK_D)
             if CONJ:
                 sn = -sn
             _rotate_heads(q_ptr + b * sq_b + s * sq_s, qo_ptr + b * so_b + s * so_s, HQ, sq_h, sq_d, so_h, so_d, c,

@@ -76,7 +76,7 @@ class RelativePositionBias(nn.Module):
         full = state_dict.get(key)
         if (isinstance(full, torch.Tensor) and self.local_heads != self.num_heads
                 and tuple(full.shape) == (self.num_buckets, self.num_heads)):
-            state_dict[key] = full[:, self.head_range[0]:self.head_range[1]]
+            state_dict[key] = full[:, self.head_range[0]:self.head_range[1]].contiguous()   # (a copy of)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reset_parameters(self) -> None:
