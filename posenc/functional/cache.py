@@ -21,8 +21,6 @@ import torch
 from posenc import _validate
 from posenc._torch.angles import working_dtype
 from posenc._torch.backend import (
-    ROPE_BACKENDS,
-    check_rope_backend,
     kernel_limits,
     kernel_possible,
     resolve_rope_backend,
@@ -35,8 +33,7 @@ from posenc._torch.checks import (
     check_same_device,
 )
 from posenc._torch.rows import guard_in_table, out_of_table
-from posenc.core.rope import ROPE_LAYOUTS
-from posenc.functional.rope import _table_rotary_dim
+from posenc.functional.rope import _check_table_options, _table_rotary_dim
 from posenc.kernels import torch_rope
 
 __all__ = ["rope_and_cache"]
@@ -169,10 +166,6 @@ def rope_and_cache(
     paged = _cache_kind(cache_seqlens, slots)
     _check_no_grad(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
     rotary = _table_rotary_dim(cos, sin)
-    if layout not in ROPE_LAYOUTS:
-        _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-    if backend not in ROPE_BACKENDS:
-        check_rope_backend(backend)
     _validate.check_bool("inplace", inplace)
     _validate.check_bool("assume_valid", assume_valid)
     if paged:
@@ -181,9 +174,7 @@ def rope_and_cache(
     else:
         sd, index, positions = _check_contiguous(q, k, v, k_cache, v_cache, cache_seqlens, positions, seq_dim, rotary)
         tokens = q.shape[sd]
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.device != q.device:
-            check_same_device(name, t, "q", q.device)
+    _check_table_options(q, cos, sin, layout, backend)
     cap = k_cache.shape[0] * k_cache.shape[1] if paged else k_cache.shape[2]
     all_valid = _check_ranges(index, positions, paged, tokens, cap, cos.shape[0], assume_valid)
     why = _kernel_why(q, k, v, k_cache, v_cache, sd, paged) if kernel_possible(backend, q) else None

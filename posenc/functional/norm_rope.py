@@ -19,16 +19,13 @@ import torch
 from posenc import _validate
 from posenc._torch.angles import working_dtype
 from posenc._torch.backend import (
-    ROPE_BACKENDS,
-    check_rope_backend,
     kernel_limits,
     kernel_possible,
     resolve_rope_backend,
 )
 from posenc._torch.checks import check_float_tensor, check_position_args, check_qk, check_same_device
 from posenc._torch.rows import broadcast_rows, table_rows
-from posenc.core.rope import ROPE_LAYOUTS
-from posenc.functional.rope import _check_in_table, _table_rotary_dim
+from posenc.functional.rope import _check_in_table, _check_table_options, _table_rotary_dim
 from posenc.kernels import torch_rope
 
 __all__ = ["rms_norm_rope_qk"]
@@ -132,13 +129,7 @@ def rms_norm_rope_qk(
             f"q must be 4-D, (B, H, S, D) with seq_dim=-2 or (B, S, H, D) with seq_dim=1, to know its heads; got "
             f"shape {tuple(q.shape)} with seq_dim={seq_dim}"
         )
-    if cos.device != q.device or sin.device != q.device:
-        for name, t in (("cos", cos), ("sin", sin)):
-            check_same_device(name, t, "q", q.device)
-    if layout not in ROPE_LAYOUTS:
-        _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-    if backend not in ROPE_BACKENDS:
-        check_rope_backend(backend)
+    _check_table_options(q, cos, sin, layout, backend)
     _validate.check_bool("assume_in_table", assume_in_table)
     eps = _validate.check_float("eps", eps, positive=True)
     weight_offset = _validate.check_float("weight_offset", weight_offset)

@@ -406,13 +406,7 @@ def apply_rope_qk(
         return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_in_table,
                                   cu_seqlens)
     sd = check_qk(q, k, seq_dim, _table_rotary_dim(cos, sin))
-    if cos.device != q.device or sin.device != q.device:                # (one comparison each on the hot path)
-        for name, t in (("cos", cos), ("sin", sin)):
-            check_same_device(name, t, "q", q.device)
-    if layout not in ROPE_LAYOUTS:
-        _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-    if backend not in ROPE_BACKENDS:
-        check_rope_backend(backend)
+    _check_table_options(q, cos, sin, layout, backend)
     _validate.check_bool("assume_in_table", assume_in_table)
     _validate.check_bool("inplace", inplace)
     seq_len = q.shape[sd]
@@ -460,6 +454,18 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
         return q.copy_(qr), k.copy_(kr)
     return engine(q, k, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0, inplace=inplace,
                   cu_seqlens=cu_seqlens)
+
+
+def _check_table_options(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: object, backend: object) -> None:
+    """The tables' device, the layout and the backend of a call that rotates ``q`` from ``(P, d/2)``
+    tables (written for speed: one comparison each on the hot path)."""
+    if cos.device != q.device or sin.device != q.device:
+        for name, t in (("cos", cos), ("sin", sin)):
+            check_same_device(name, t, "q", q.device)
+    if layout not in ROPE_LAYOUTS:
+        _validate.check_choice("layout", layout, ROPE_LAYOUTS)
+    if backend not in ROPE_BACKENDS:
+        check_rope_backend(backend)
 
 
 def _table_rotary_dim(cos: torch.Tensor, sin: torch.Tensor) -> int:
