@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from posenc import _validate
 from posenc._torch.checks import check_positions, check_seq_len
-from posenc._torch.varlen import check_cu_seqlens, sequence_ids, varlen_range
+from posenc._torch.varlen import check_cu_seqlens, sequence_ids, varlen_positions, varlen_range
 from posenc.functional.positions import positions_from_segment_ids
 
 __all__ = ["ATTENTION_BACKENDS", "AttentionEncoding", "attention"]
@@ -376,8 +376,8 @@ def _varlen_attention(q, k, v, cu_seqlens, cu_seqlens_k, *, extra, encoding, cau
     seq_len = check_seq_len(seq_len)
     seq_q = sequence_ids(cu_q, q.shape[0])                              # (T,)
     seq_k = seq_q if cu_k is cu_q else sequence_ids(cu_k, k.shape[0])   # (T_k,)
-    pos_k = torch.arange(k.shape[0], device=q.device) - cu_k.long()[seq_k]
-    pos_q = torch.arange(q.shape[0], device=q.device) - cu_q.long()[seq_q]
+    pos_k = varlen_positions(cu_k, k.shape[0], 0, seq_k)
+    pos_q = varlen_positions(cu_q, q.shape[0], 0, seq_q)
     if cu_k is not cu_q:                                                # queries are the last len_q of len_k positions
         shift = (cu_k[1:] - cu_k[:-1]).long() - (cu_q[1:] - cu_q[:-1]).long()   # (N,)
         pos_q = pos_q + shift[seq_q]

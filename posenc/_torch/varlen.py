@@ -69,15 +69,16 @@ def varlen_range(cu_seqlens: torch.Tensor, total: int, offset: int | torch.Tenso
     return (lo, hi) if total else (0, -1)
 
 
-def varlen_positions(cu_seqlens: torch.Tensor, total: int, offset: int | torch.Tensor) -> torch.Tensor:
-    """``(T,)`` int64 positions of a packed batch (no reads from the device).
+def varlen_positions(cu_seqlens: torch.Tensor, total: int, offset: int | torch.Tensor,
+                     seq: torch.Tensor | None = None) -> torch.Tensor:
+    """``(T,)`` int64 positions of a packed batch (no reads from the device); ``seq`` is
+    :func:`sequence_ids` when the caller has it already.
 
     Token ``t`` of sequence ``i`` (``cu[i] <= t < cu[i + 1]``) is at ``t - cu[i] + offset[i]``.
     """
     cu = cu_seqlens.long()
-    tokens = torch.arange(total, device=cu.device)                       # (T,)
-    seq = torch.searchsorted(cu[1:], tokens, right=True).clamp_(max=cu.shape[0] - 2)   # (T,) sequence of each token
-    pos = tokens - cu[seq]
+    seq = sequence_ids(cu, total) if seq is None else seq
+    pos = torch.arange(total, device=cu.device) - cu[seq]
     if isinstance(offset, torch.Tensor):
         return pos + offset.long()[seq]
     return pos + offset if offset else pos
@@ -86,10 +87,20 @@ def varlen_positions(cu_seqlens: torch.Tensor, total: int, offset: int | torch.T
 def sequence_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """``(T,)`` int64 index of each token's sequence (no reads from the device)."""
     tokens = torch.arange(total, device=cu_seqlens.device)
-    return torch.searchsorted(cu_seqlens.long()[1:], tokens, right=True)
+    return torch.searchsorted(cu_seqlens.long()[1:], tokens, right=True).clamp_(max=cu_seqlens.shape[0] - 2)
 
 
-def check_varlen_qk(q: torch.Tensor, k: torch.Tensor | None, rotary_dim: int | None) -> None:
+def check_varlen_call(q: torch.Tensor, k: torch.Tensor | None, rotary_dim: int, positions: object,
+                      cu_seqlens: object, offset: object) -> tuple[torch.Tensor, int | torch.Tensor]:
+    """Check a rotation of packed tokens; returns ``(cu_seqlens, offset)`` checked."""
+    _check_varlen_qk(q, k, rotary_dim)
+    if positions is not None:
+        raise ValueError("pass either cu_seqlens or positions, not both: cu_seqlens defines the positions")
+    cu = check_cu_seqlens(cu_seqlens, q.device)
+    return cu, check_varlen_offset(offset, cu.shape[0] - 1, q.device)
+
+
+def _check_varlen_qk(q: torch.Tensor, k: torch.Tensor | None, rotary_dim: int | None) -> None:
     """Packed queries ``(T, H, D)`` and keys ``(T, H_k, D)`` (or None)."""
     for name, t in (("q", q), ("k", k)):
         if t is None and name == "k":
@@ -108,9 +119,4 @@ def check_varlen_qk(q: torch.Tensor, k: torch.Tensor | None, rotary_dim: int | N
             raise ValueError(f"k {tuple(k.shape)} and q {tuple(q.shape)} must hold the same tokens T")
         if k.device != q.device:
             raise ValueError(f"k is on {k.device} but q on {q.device}; move it with .to()")
-
-
-def no_positions_with_cu(positions: object) -> None:
-    if positions is not None:
-        raise ValueError("pass either cu_seqlens or positions, not both: cu_seqlens defines the positions")
 

@@ -45,14 +45,7 @@ from posenc._torch.checks import (
     inplace_pair_overlaps,
 )
 from posenc._torch.rows import guard_in_table, out_of_table, position_range
-from posenc._torch.varlen import (
-    check_cu_seqlens,
-    check_varlen_offset,
-    check_varlen_qk,
-    no_positions_with_cu,
-    varlen_positions,
-    varlen_range,
-)
+from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
 from posenc.core import exact as core_exact
 from posenc.core import rope as core_rope
 from posenc.core.notices import LOGGER_NAME
@@ -425,16 +418,10 @@ def apply_rope_qk(
 
 def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_in_table, cu_seqlens):
     """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``."""
-    check_varlen_qk(q, k, _table_rotary_dim(cos, sin))
-    no_positions_with_cu(positions)
-    for name, t in (("cos", cos), ("sin", sin)):
-        check_same_device(name, t, "q", q.device)
-    _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-    check_rope_backend(backend)
+    cu_seqlens, offset = check_varlen_call(q, k, _table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
+    _check_table_options(q, cos, sin, layout, backend)
     _validate.check_bool("assume_in_table", assume_in_table)
     _validate.check_bool("inplace", inplace)
-    cu_seqlens = check_cu_seqlens(cu_seqlens, q.device)
-    offset = check_varlen_offset(offset, cu_seqlens.shape[0] - 1, q.device)
     if assume_in_table:
         pass
     elif torch.compiler.is_compiling():                                 # a traceable assertion, no reads

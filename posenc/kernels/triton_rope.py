@@ -112,8 +112,8 @@ def _rope_qk_kernel(
 
 
 def tokens_per_program(heads: int, h2: int, n_tokens: int) -> int:
-    """Tokens one program rotates: 1 when a token carries 2048 elements or more (e.g. 40 heads of
-    128), up to 16 for tokens with few small heads, never more than there are tokens."""
+    """Tokens one program rotates: 1 when a token carries more than 1024 elements (e.g. 5 heads of
+    128 or more), up to 16 for tokens with few small heads, never more than there are tokens."""
     per_token = max(heads, 1) * 2 * h2
     want = max(1, min(16, 2048 // per_token))
     return max(1, min(1 << (want.bit_length() - 1), triton.next_power_of_2(max(n_tokens, 1))))

@@ -21,14 +21,7 @@ from posenc._torch.checks import (
 )
 from posenc._torch.rows import guard_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
-from posenc._torch.varlen import (
-    check_cu_seqlens,
-    check_varlen_offset,
-    check_varlen_qk,
-    no_positions_with_cu,
-    varlen_positions,
-    varlen_range,
-)
+from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
@@ -299,10 +292,7 @@ class RotaryEmbedding(TableModule):
     def _rotate_varlen(self, q, k, positions, offset, seq_len, assume, inplace, cu_seqlens):
         """:meth:`forward` on a packed ``(T, H, D)`` batch: positions from ``cu_seqlens``, checked
         and ranged in one device read, then one rotation of the whole batch."""
-        check_varlen_qk(q, k, self.dim)
-        no_positions_with_cu(positions)
-        cu_seqlens = check_cu_seqlens(cu_seqlens, q.device)
-        offset = check_varlen_offset(offset, cu_seqlens.shape[0] - 1, q.device)
+        cu_seqlens, offset = check_varlen_call(q, k, self.dim, positions, cu_seqlens, offset)
         _validate.check_bool("assume_in_table", assume)
         if seq_len is None and self._length_dependent:
             # each sequence alone has its own length, hence its own frequencies: one call per sequence
