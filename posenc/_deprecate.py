@@ -13,12 +13,13 @@ from typing import Any
 UNSET: Any = object()
 
 
-def renamed(where: str, old: str, new: str, old_value: Any, new_value: Any, default: Any) -> Any:
+def renamed(where: str, old: str, new: str, old_value: Any, new_value: Any, default: Any, *, stacklevel: int = 3) -> Any:
     """The value of keyword ``new`` in a call of ``where``, also accepted under ``old`` for now.
 
     ``old_value`` is :data:`UNSET` when the old name was not passed; ``new_value`` equals
     ``default`` when the new name was not passed.  Warns (``DeprecationWarning``, attributed to the
-    caller of ``where``) when the old name was used; raises ``TypeError`` when both were given.
+    caller of ``where``; ``stacklevel`` counts from this function) when the old name was used;
+    raises ``TypeError`` when both were given.
     """
     if old_value is UNSET:
         return new_value
@@ -27,6 +28,6 @@ def renamed(where: str, old: str, new: str, old_value: Any, new_value: Any, defa
     warnings.warn(
         f"{where}: {old}= is deprecated and will be removed in the next release; pass {new}= instead",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
     return old_value

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 from posenc import _validate
+from posenc._deprecate import UNSET
 from posenc._torch.checks import check_positions, check_seq_len
+from posenc._torch.rope_call import promise
 from posenc._torch.varlen import check_cu_seqlens, sequence_ids, varlen_positions, varlen_range
 from posenc.functional.positions import positions_from_segment_ids
 
@@ -50,13 +53,18 @@ class AttentionEncoding(Protocol):
 
     def attention_qk(self, q: torch.Tensor, k: torch.Tensor | None, *, positions: torch.Tensor,
                      key_positions: torch.Tensor, seq_len: int | None, offsets: tuple[int | None, int | None],
-                     assume_in_table: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     assume_valid: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(q, k)`` as attention should see them (rotated, or unchanged); ``k`` is None when the
         keys are already rotated (then ``(q, None)``).
 
         ``offsets`` are ``(query_offset, key_offset)``: where one is an int, those positions are
         ``offset + arange(length)``, known on the host, so nothing needs to be read from the device.
-        ``assume_in_table`` passes the caller's promise that explicit positions lie in the tables.
+        ``assume_valid`` passes the caller's promise that explicit positions lie in the tables.  (An
+        encoding whose method still takes the keyword's old name, ``assume_in_table``, is called with
+        that name and a ``DeprecationWarning``.)
+
+        :func:`attention` has validated every argument: an implementation trusts them and calls its
+        own internals, not its public methods (which would validate again).
         """
 
     def attention_bias(self, positions: torch.Tensor, key_positions: torch.Tensor, *, num_heads: int,
@@ -105,12 +113,15 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _check_options(causal, dropout_p, scale, backend, head_dim: int) -> tuple[float, float]:
-    """Validated ``(dropout_p, scale)``."""
-    _validate.check_choice("backend", backend, ATTENTION_BACKENDS)
-    _validate.check_bool("causal", causal)
-    dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)
-    if dropout_p >= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    """Validated ``(dropout_p, scale)``; one comparison per argument when it is well formed."""
+    if backend not in ATTENTION_BACKENDS:
+        _validate.check_choice("backend", backend, ATTENTION_BACKENDS)
+    if type(causal) is not bool:
+        _validate.check_bool("causal", causal)
+    if not (type(dropout_p) is float and 0.0 <= dropout_p < 1.0):
+        dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)
+        if dropout_p >= 1.0:
+            raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else _validate.check_float("scale", scale, positive=True)
     return dropout_p, scale
 
@@ -125,7 +136,8 @@ def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int, device: 
 
 
 def _all_positions(q, k, positions, key_positions, segment_ids):
-    """``(positions, key_positions, segment_ids)`` with the documented defaults, checked."""
+    """``(positions, key_positions, segment_ids)`` with the documented defaults; the given ones checked
+    (the defaults are built right here)."""
     B, _, S, _ = q.shape
     S_k = k.shape[2]
     if segment_ids is not None:
@@ -138,14 +150,22 @@ def _all_positions(q, k, positions, key_positions, segment_ids):
             )
         if segment_ids.device != q.device:
             raise ValueError(f"segment_ids are on {segment_ids.device} but q on {q.device}; move them with .to(q.device)")
-        positions = positions_from_segment_ids(segment_ids) if positions is None else positions
-        key_positions = positions if key_positions is None else key_positions
+        if positions is not None:
+            positions = _positions_arg("positions", positions, B, S, q.device)
+        else:
+            positions = positions_from_segment_ids(segment_ids)
+        key_positions = positions if key_positions is None else _positions_arg("key_positions", key_positions, B,
+                                                                                S_k, q.device)
+        return positions, key_positions, segment_ids
     if positions is None:
         positions = torch.arange(S_k - S, S_k, device=q.device) if S <= S_k else torch.arange(S, device=q.device)
+    else:
+        positions = _positions_arg("positions", positions, B, S, q.device)
     if key_positions is None:
         key_positions = torch.arange(S_k, device=q.device)
-    return (_positions_arg("positions", positions, B, S, q.device),
-            _positions_arg("key_positions", key_positions, B, S_k, q.device), segment_ids)
+    else:
+        key_positions = _positions_arg("key_positions", key_positions, B, S_k, q.device)
+    return positions, key_positions, segment_ids
 
 
 def _axial_positions(q, k, positions, key_positions, axes: int):
@@ -223,11 +243,12 @@ def attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     seq_len: int | None = None,
-    assume_in_table: bool = False,
+    assume_valid: bool = False,
     keys_rotated: bool = False,
     backend: str = "sdpa",
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
+    assume_in_table: bool = UNSET,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding applied the right way.
 
@@ -262,10 +283,11 @@ def attention(
         scale: logit scale, default ``1 / sqrt(D)``.
         seq_len: current length for length-dependent rotary rules (default: the largest key
             position + 1).
-        assume_in_table: promise that explicit ``positions``/``key_positions`` lie inside the rotary
-            tables, so that their range is not read from the device (see
-            :class:`~posenc.RotaryEmbedding`).  With the default positions nothing is read anyway:
-            they are ranges known on the host.
+        assume_valid: promise that explicit ``positions``/``key_positions`` lie inside the rotary
+            tables (and, with ``cu_seqlens``, that the cumulative lengths are valid), so that
+            nothing is read from the device to check them (see :class:`~posenc.RotaryEmbedding`).
+            With the default positions nothing is read anyway: they are ranges known on the host.
+            (Formerly ``assume_in_table``, which still works for now with a ``DeprecationWarning``.)
         keys_rotated: ``k`` is already rotated, each key once, when it entered the KV cache (e.g.
             ``rope.rotate(k_new, key=True, offset=t)``), so only the queries are rotated here.  This
             is how Hugging Face models cache keys, and with a length-dependent rule (dynamic NTK,
@@ -296,18 +318,20 @@ def attention(
         >>> posenc.attention(q, k, v, encoding=posenc.AlibiBias(2), causal=True).shape
         torch.Size([1, 2, 5, 8])
     """
+    if assume_in_table is not UNSET:
+        assume_valid = promise("attention", assume_in_table, assume_valid)
     if cu_seqlens is not None or cu_seqlens_k is not None:
         return _varlen_attention(
             q, k, v, cu_seqlens, cu_seqlens_k, extra=(positions, key_positions, segment_ids, attn_mask),
             encoding=encoding, causal=causal, dropout_p=dropout_p, scale=scale, seq_len=seq_len,
-            assume_in_table=assume_in_table, keys_rotated=keys_rotated, backend=backend)
+            assume_valid=assume_valid, keys_rotated=keys_rotated, backend=backend)
     _check_qkv(q, k, v)
     dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
     _check_encoding(encoding)
     attn_mask = _attn_mask(attn_mask, q, k)
-    _validate.check_bool("keys_rotated", keys_rotated)
-    _validate.check_bool("assume_in_table", assume_in_table)
-    seq_len = check_seq_len(seq_len)                  # checked even where the encoding does not read it
+    _check_flags(keys_rotated, assume_valid)
+    if seq_len is not None:
+        seq_len = check_seq_len(seq_len)              # checked even where the encoding does not read it
     axes = getattr(encoding, "position_axes", None) if not isinstance(encoding, torch.Tensor) else None
     if axes is None:
         offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
@@ -318,14 +342,38 @@ def attention(
         offsets = (None, None)
         # masks (causal, segments) follow the token order, as for the defaults of 1-D encodings
         positions, key_positions, segment_ids = _all_positions(q, k, None, None, segment_ids)
-    B, H, S, _ = q.shape
-    bias = None
     if isinstance(encoding, torch.Tensor):
+        B, H, S, _ = q.shape
         bias = _precomputed_bias(encoding, B, H, S, k.shape[2], q.device)
-    elif encoding is not None:
-        q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=enc_positions,
-                                         key_positions=enc_key_positions, seq_len=seq_len, offsets=offsets,
-                                         assume_in_table=assume_in_table)
+        if backend == "flex":
+            raise ValueError("backend='flex' builds biases itself: pass the AlibiBias/RelativePositionBias module")
+        return _sdpa(q, k, v, _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask),
+                     dropout_p, scale)
+    return _attend(q, k, v, encoding, positions, key_positions, (enc_positions, enc_key_positions), offsets,
+                   segment_ids, segment_ids, attn_mask, causal, dropout_p, scale, seq_len, assume_valid, keys_rotated,
+                   backend)
+
+
+def _check_flags(keys_rotated: object, assume_valid: object) -> None:
+    if type(keys_rotated) is not bool:
+        _validate.check_bool("keys_rotated", keys_rotated)
+    if type(assume_valid) is not bool:
+        _validate.check_bool("assume_valid", assume_valid)
+
+
+def _attend(q, k, v, encoding, positions, key_positions, enc_positions, offsets, segment_ids, key_segment_ids,
+            attn_mask, causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend):
+    """The attention body, padded or packed, for checked arguments: the encoding rotates q and k
+    (protocol methods: no validation again), then SDPA with one mask, or flex_attention.
+
+    ``positions``/``key_positions`` ``(S,)``/``(B, S)`` order the tokens (masks, biases);
+    ``enc_positions`` are the ``(query, key)`` positions the encoding rotates by (per-axis
+    coordinates for an encoding with ``position_axes``).
+    """
+    if encoding is not None:
+        q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=enc_positions[0],
+                                         key_positions=enc_positions[1], seq_len=seq_len, offsets=offsets,
+                                         **{_promise_keyword(encoding): assume_valid})
         if not keys_rotated:
             if k_rot is None:
                 raise TypeError(
@@ -336,13 +384,34 @@ def attention(
     if backend == "flex":
         if attn_mask is not None or dropout_p:
             raise ValueError("backend='flex' takes no attn_mask or dropout_p; use causal/segment_ids, or backend='sdpa'")
-        if bias is not None:
-            raise ValueError("backend='flex' builds biases itself: pass the AlibiBias/RelativePositionBias module")
-        return _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding)
-    if bias is None and encoding is not None and not isinstance(encoding, torch.Tensor):
-        bias = encoding.attention_bias(positions, key_positions, num_heads=H, dtype=q.dtype)
-    mask = _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask)
+        return _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding,
+                               key_segment_ids)
+    bias = None if encoding is None else encoding.attention_bias(positions, key_positions, num_heads=q.shape[1],
+                                                                  dtype=q.dtype)
+    mask = _sdpa_mask(q, positions, key_positions, segment_ids, causal, bias, attn_mask, key_segment_ids)
     return _sdpa(q, k, v, mask, dropout_p, scale)
+
+
+#: The keyword an encoding's ``attention_qk`` takes the in-range promise under, per type.
+_PROMISE_KEYWORD: dict[type, str] = {}
+
+
+def _promise_keyword(encoding: object) -> str:
+    """``"assume_valid"``, or ``"assume_in_table"`` for an encoding written against the protocol's old
+    keyword (a ``DeprecationWarning``, once per type)."""
+    kind = type(encoding)
+    keyword = _PROMISE_KEYWORD.get(kind)
+    if keyword is None:
+        params = inspect.signature(cast(AttentionEncoding, encoding).attention_qk).parameters
+        old = "assume_in_table" in params and "assume_valid" not in params
+        keyword = "assume_in_table" if old else "assume_valid"
+        if old:
+            warnings.warn(
+                f"{kind.__name__}.attention_qk takes assume_in_table=, the old name of the protocol's keyword; "
+                f"rename it to assume_valid= (the old name works for now and will be removed in the next release)",
+                DeprecationWarning, stacklevel=4)
+        _PROMISE_KEYWORD[kind] = keyword
+    return keyword
 
 
 def _sdpa(q, k, v, mask, dropout_p: float, scale: float) -> torch.Tensor:
@@ -357,23 +426,24 @@ def _sdpa(q, k, v, mask, dropout_p: float, scale: float) -> torch.Tensor:
 
 
 def _varlen_attention(q, k, v, cu_seqlens, cu_seqlens_k, *, extra, encoding, causal, dropout_p, scale, seq_len,
-                      assume_in_table, keys_rotated, backend):
+                      assume_valid, keys_rotated, backend):
     """:func:`attention` on packed ``(T, H, D)`` sequences: per-sequence positions and a
-    same-sequence mask from ``cu_seqlens``, then the padded-batch path on a batch of one."""
-    cu_q, cu_k = _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_in_table)
+    same-sequence mask from ``cu_seqlens``, then the one attention body on a batch of one."""
+    cu_q, cu_k = _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_valid)
     q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))          # (1, H, T, D)
-    options = {"encoding": encoding, "causal": causal, "dropout_p": dropout_p, "scale": scale,
-               "assume_in_table": assume_in_table, "keys_rotated": keys_rotated, "backend": backend}
     if seq_len is None and getattr(encoding, "length_dependent", False):
         # each sequence alone has its own length, hence its own frequencies: one call per sequence
+        options = {"encoding": encoding, "causal": causal, "dropout_p": dropout_p, "scale": scale,
+                   "assume_valid": assume_valid, "keys_rotated": keys_rotated, "backend": backend}
         outs = [attention(q4[:, :, a:b], k4[:, :, ak:bk], v4[:, :, ak:bk], **options)[0]             # (H, len, D)
                 for (a, b), (ak, bk) in zip(_pairs(cu_q), _pairs(cu_k), strict=True) if a < b]
         out = torch.cat(outs, 1) if outs else q4[0, :, :0]
         return out.transpose(0, 1).contiguous()                        # (T, H, D)
     _check_qkv(q4, k4, v4)
     dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
-    _validate.check_bool("keys_rotated", keys_rotated)
-    seq_len = check_seq_len(seq_len)
+    _check_flags(keys_rotated, assume_valid)
+    if seq_len is not None:
+        seq_len = check_seq_len(seq_len)
     seq_q = sequence_ids(cu_q, q.shape[0])                              # (T,)
     seq_k = seq_q if cu_k is cu_q else sequence_ids(cu_k, k.shape[0])   # (T_k,)
     pos_k = varlen_positions(cu_k, k.shape[0], 0, seq_k)
@@ -382,24 +452,13 @@ def _varlen_attention(q, k, v, cu_seqlens, cu_seqlens_k, *, extra, encoding, cau
         shift = (cu_k[1:] - cu_k[:-1]).long() - (cu_q[1:] - cu_q[:-1]).long()   # (N,)
         pos_q = pos_q + shift[seq_q]
     positions, key_positions = pos_q[None], pos_k[None]                 # (1, T), (1, T_k)
-    if encoding is not None:
-        q4, k_rot = encoding.attention_qk(q4, None if keys_rotated else k4, positions=positions,
-                                          key_positions=key_positions, seq_len=seq_len, offsets=(None, None),
-                                          assume_in_table=assume_in_table)
-        k4 = k4 if keys_rotated or k_rot is None else k_rot
-    if backend == "flex":
-        if dropout_p:
-            raise ValueError("backend='flex' takes no dropout_p; use backend='sdpa'")
-        out = _flex_attention(q4, k4, v4, positions, key_positions, seq_q[None], causal, scale, encoding, seq_k[None])
-    else:
-        bias = None if encoding is None else encoding.attention_bias(positions, key_positions,
-                                                                      num_heads=q4.shape[1], dtype=q4.dtype)
-        mask = _sdpa_mask(q4, positions, key_positions, seq_q[None], causal, bias, None, seq_k[None])
-        out = _sdpa(q4, k4, v4, mask, dropout_p, scale)
+    out = _attend(q4, k4, v4, encoding, positions, key_positions, (positions, key_positions), (None, None),
+                  seq_q[None], seq_k[None], None, causal, dropout_p, scale, seq_len, assume_valid, keys_rotated,
+                  backend)
     return out[0].transpose(0, 1).contiguous()                         # (T, H, D)
 
 
-def _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_in_table):
+def _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_valid):
     """Check a packed call; returns ``(cu_q, cu_k)`` (the same tensor when the keys share the lengths)."""
     if any(t is not None for t in extra):
         raise ValueError(
@@ -433,8 +492,9 @@ def _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_in_
             f"cu_seqlens ({cu_q.shape[0] - 1} sequences) and cu_seqlens_k ({cu_k.shape[0] - 1}) must describe the "
             f"same number of sequences"
         )
-    _validate.check_bool("assume_in_table", assume_in_table)
-    if not assume_in_table and not torch.compiler.is_compiling():
+    if type(assume_valid) is not bool:
+        _validate.check_bool("assume_valid", assume_valid)
+    if not assume_valid and not torch.compiler.is_compiling():
         varlen_range(cu_q, q.shape[0], 0)                                # checks the values (one read each)
         if cu_k is not cu_q:
             varlen_range(cu_k, k.shape[0], 0)

@@ -168,7 +168,7 @@ def test_bad_input(call, err, match):
 class _DistancePenalty:
     """An encoding posenc does not ship, written against the AttentionEncoding protocol alone."""
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_valid):
         return q, k
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):

@@ -1137,6 +1137,8 @@ for _name, _call in _qk_calls():
         ("inplace-str", lambda: (rand(1, 1, 3, 8),), {"inplace": "yes"}, TypeError, "inplace must be a bool"),
         ("assume_in_table-str", lambda: (rand(1, 1, 3, 8),), {"assume_in_table": "yes"}, TypeError,
          "assume_in_table must be a bool"),
+        ("assume_valid-str", lambda: (rand(1, 1, 3, 8),), {"assume_valid": "yes"}, TypeError,
+         "assume_valid must be a bool"),
         ("inplace-q-is-k", lambda: (lambda t: (t, t))(rand(1, 1, 3, 8)), {"inplace": True}, ValueError,
          "q and k are the same tensor"),
         ("inplace-q-expanded", lambda: (rand(1, 1, 3, 8).expand(2, 1, 3, 8),), {"inplace": True}, ValueError,
@@ -1171,10 +1173,10 @@ for _id, _cos, _sin, _exc, _match in [
 for _id, _kw, _exc, _match in [
     ("layout", {"layout": "neox"}, ValueError, "layout must be one of"),
     ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
-    ("assume-broken-promise", {"positions": torch.tensor([0, 9, 1]), "assume_in_table": True}, ValueError,
-     r"positions must lie in \[0, 8\) .*assume_in_table=True"),
-    ("assume-broken-promise-negative", {"positions": torch.tensor([0, -1, 1]), "assume_in_table": True}, ValueError,
-     r"positions must lie in \[0, 8\) .*assume_in_table=True"),
+    ("assume-broken-promise", {"positions": torch.tensor([0, 9, 1]), "assume_valid": True}, ValueError,
+     r"positions must lie in \[0, 8\) .*assume_valid=True"),
+    ("assume-broken-promise-negative", {"positions": torch.tensor([0, -1, 1]), "assume_valid": True}, ValueError,
+     r"positions must lie in \[0, 8\) .*assume_valid=True"),
 ]:
     bad("apply_rope_qk", _id, lambda kw=_kw: F.apply_rope_qk(rand(1, 1, 3, 8), None, C8, S8, **kw), _exc, _match)
 for _id, _tables, _pos in [
@@ -1192,7 +1194,7 @@ bad("apply_rope_qk", "backend-triton-float64",
 bad("RotaryEmbedding", "backend-triton-float64",
     lambda: RotaryEmbedding(8, backend="triton")(rand(1, 1, 3, 8, dtype=torch.float64)), ValueError, "backend='triton'")
 bad("RotaryEmbedding", "assume-broken-promise", lambda: RotaryEmbedding(8, max_seq_len=8)(
-    rand(1, 1, 3, 8), positions=torch.tensor([0, 9, 1]), assume_in_table=True), ValueError, r"positions must lie in \[0, 8\)")
+    rand(1, 1, 3, 8), positions=torch.tensor([0, 9, 1]), assume_valid=True), ValueError, r"positions must lie in \[0, 8\)")
 
 
 def _qk_good(case_id, make, kw, want, atol=1e-5, inplace=False, names=("apply_rope_qk", "RotaryEmbedding")):
@@ -1257,7 +1259,7 @@ for _id, _make, _kw, _want, _atol, _inplace in [
     ("nan-inf", lambda: (torch.tensor([NAN, 1, 0, 0, INF, 0, 0, 2.0]).expand(1, 1, 3, 8), None), {}, _both(np.arange(3)),
      1e-5, False),
     ("assume-uint8", lambda: (rand(2, 2, 3, 8), rand(2, 1, 3, 8)),
-     {"positions": torch.tensor([[7, 0, 2], [1, 1, 1]], dtype=torch.uint8), "assume_in_table": True},
+     {"positions": torch.tensor([[7, 0, 2], [1, 1, 1]], dtype=torch.uint8), "assume_valid": True},
      _both(np.array([[7, 0, 2], [1, 1, 1]])), 1e-5, False),
     ("inplace", lambda: (rand(1, 2, 3, 8), rand(1, 1, 3, 8)), {"inplace": True}, _both(np.arange(3)), 1e-5, True),
     ("inplace-non-contiguous", lambda: (rand(1, 3, 2, 8).transpose(1, 2), rand(1, 3, 1, 8).transpose(1, 2)),
@@ -1579,6 +1581,7 @@ for _id, _call, _exc, _match in [
     ("backend", lambda: posenc.attention(*_qkv(), backend="cuda"), ValueError, "backend must be one of"),
     ("keys_rotated-str", lambda: posenc.attention(*_qkv(), keys_rotated="yes"), TypeError, "keys_rotated must be a bool"),
     ("assume_in_table-str", lambda: posenc.attention(*_qkv(), assume_in_table="yes"), TypeError, "assume_in_table must be a bool"),
+    ("assume_valid-str", lambda: posenc.attention(*_qkv(), assume_valid="yes"), TypeError, "assume_valid must be a bool"),
     ("seq_len-0", lambda: posenc.attention(*_qkv(), encoding=RotaryEmbedding(8), seq_len=0), ValueError, "seq_len must be >= 1"),
     ("seq_len-float", lambda: posenc.attention(*_qkv(), encoding=RotaryEmbedding(8), seq_len=3.0), TypeError,
      "seq_len must be an int"),
@@ -2205,9 +2208,9 @@ for _id, _call, _exc, _match in [
      "q has elements that share memory"),
     ("assume_in_table-str", lambda m: m(_QA, positions=_PG, assume_in_table="yes"), TypeError, "assume_in_table must be a bool"),
     ("assume-broken-promise", lambda m: AxialRotaryEmbedding((4, 4), max_positions=2)(_QA, positions=_PG, assume_in_table=True),
-     ValueError, r"positions must lie in \[0, 2\) .*assume_in_table=True"),
+     ValueError, r"positions must lie in \[0, 2\) .*assume_(in_table|valid)=True"),
     ("assume-broken-promise-negative", lambda m: m(_QA, positions=-_PG, assume_in_table=True), ValueError,
-     r"positions must lie in \[0, 1024\) .*assume_in_table=True"),
+     r"positions must lie in \[0, 1024\) .*assume_(in_table|valid)=True"),
     ("positions-and-cos_sin", lambda m: m(_QA, positions=_PG, cos_sin=m.cos_sin(_PG)), ValueError,
      "pass either positions or cos_sin"),
     ("cos_sin-not-a-pair", lambda m: m(_QA, cos_sin=torch.zeros(6, 4)), TypeError, "cos_sin must be the \\(cos, sin\\) pair"),
@@ -2437,7 +2440,7 @@ for _id, _call, _exc, _match in [
      "q has elements that share memory"),
     ("assume_in_table-str", lambda m: m(_QM, positions=_PIMG, assume_in_table="y"), TypeError, "assume_in_table must be a bool"),
     ("assume-broken-promise", lambda m: MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=2)(
-        _QM, positions=_PIMG, assume_in_table=True), ValueError, r"positions must lie in \[0, 2\) .*assume_in_table=True"),
+        _QM, positions=_PIMG, assume_in_table=True), ValueError, r"positions must lie in \[0, 2\) .*assume_(in_table|valid)=True"),
     # a negative position promised in the table must not wrap around to the table's last rows (torch.take)
     ("assume-broken-promise-negative", lambda m: MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=8)(
         _QM, positions=_PIMG - 1, assume_in_table=True), ValueError, r"positions must lie in \[0, 8\) .*assume_in_table=True"),

@@ -33,7 +33,7 @@ def test_attention_decode_step_runs_without_synchronisation(backend):
     try:
         posenc.attention(q, k, v, encoding=rope, causal=True)
         rope(q, k[:, :, :1], offset=99)
-        rope(q, k[:, :, :1], positions=pos, assume_in_table=True)
+        rope(q, k[:, :, :1], positions=pos, assume_valid=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

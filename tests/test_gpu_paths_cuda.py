@@ -112,8 +112,8 @@ def test_the_new_paths_run_without_synchronisation():
     wq, wk = torch.ones(64, device="cuda"), torch.ones(64, device="cuda")
     rope = posenc.RotaryEmbedding(64, max_seq_len=256, device="cuda")        # (its tables come from the host)
     with no_sync():
-        R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, assume_in_table=True)
-        rope(q, k, cu_seqlens=cu, assume_in_table=True)
+        R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, assume_valid=True)
+        rope(q, k, cu_seqlens=cu, assume_valid=True)
         posenc.rope_and_cache(qd, kd, kd, kc, vc, cos, sin, cache_seqlens=lens, assume_valid=True)
         posenc.rms_norm_rope_qk(qd, kd, wq, wk, cos, sin, offset=5)
 

@@ -201,7 +201,7 @@ def test_device_mismatch_raises_value_error_with_the_fix():
         RotaryEmbedding(8)(torch.randn(1, 1, 2, 8), positions=torch.arange(2, device="meta"))
 
 
-@pytest.mark.parametrize("flag", ["inplace", "assume_in_table"])
+@pytest.mark.parametrize("flag", ["inplace", "assume_valid", "assume_in_table"])
 def test_boolean_flags_must_be_bools(flag):
     with pytest.raises(TypeError, match=flag):
         RotaryEmbedding(8)(torch.randn(1, 1, 2, 8), **{flag: "yes"})

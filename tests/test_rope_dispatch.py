@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 import posenc  # noqa: E402
 from posenc import kernels  # noqa: E402
-from posenc._torch import alloc, backend  # noqa: E402
+from posenc._torch import alloc, backend, rope_call  # noqa: E402
 from posenc.functional import rope as R  # noqa: E402
 from posenc.kernels import torch_rope as E  # noqa: E402
 from posenc.nn import rotary as rotary_module  # noqa: E402
@@ -85,10 +85,9 @@ def test_one_validation_and_one_decision_per_call(monkeypatch, name):
             return fn(*a, **kw)
         return wrapper
 
-    for module in (R, rotary_module):
-        monkeypatch.setattr(module, "check_qk", counting("check_qk", module.check_qk))
-    monkeypatch.setattr(R, "resolve_rope_backend", counting("resolve", R.resolve_rope_backend))
-    monkeypatch.setattr(rotary_module, "rope_engine", counting("resolve", rotary_module.rope_engine))
+    monkeypatch.setattr(rope_call, "check_qk", counting("check_qk", rope_call.check_qk))
+    for module in (R, rotary_module):                 # the engine is looked up once per call, after the decision
+        monkeypatch.setattr(module, "rope_engine", counting("resolve", module.rope_engine))
     public_calls("auto")[name]()
     assert counts == {"check_qk": 1, "resolve": 1}
 
@@ -127,9 +126,9 @@ def test_positions_are_read_once_or_not_at_all_when_promised(device_reads):
     cos, sin = tables(64, 16)
     for call, reads in [
         (lambda: rope(q, k, positions=positions), 1),
-        (lambda: rope(q, k, positions=positions, assume_in_table=True), 0),
+        (lambda: rope(q, k, positions=positions, assume_valid=True), 0),
         (lambda: R.apply_rope_qk(q, k, cos, sin, positions=positions), 1),
-        (lambda: R.apply_rope_qk(q, k, cos, sin, positions=positions, assume_in_table=True), 0),
+        (lambda: R.apply_rope_qk(q, k, cos, sin, positions=positions, assume_valid=True), 0),
     ]:
         device_reads[0] = 0
         call()
@@ -141,15 +140,15 @@ def test_promised_positions_give_the_same_result_and_a_broken_promise_raises(lay
     rope = posenc.RotaryEmbedding(16, max_seq_len=16, layout=layout)
     q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 3, 16)
     positions = torch.tensor([[5, 6, 7], [1, 2, 15]])
-    for a, b in zip(rope(q, k, positions=positions, assume_in_table=True), rope(q, k, positions=positions),
+    for a, b in zip(rope(q, k, positions=positions, assume_valid=True), rope(q, k, positions=positions),
                     strict=True):
         assert torch.equal(a, b)
     cos, sin = rope.cos_table, rope.sin_table
     for bad in (torch.tensor([[5, 6, 16], [0, 1, 2]]), torch.tensor([[-1, 0, 1], [0, 1, 2]])):
         with pytest.raises(ValueError, match=r"must lie in \[0, 16\)"):
-            rope(q, k, positions=bad, assume_in_table=True)
+            rope(q, k, positions=bad, assume_valid=True)
         with pytest.raises(ValueError, match=r"must lie in \[0, 16\)"):
-            R.apply_rope_qk(q, k, cos, sin, positions=bad, assume_in_table=True)
+            R.apply_rope_qk(q, k, cos, sin, positions=bad, assume_valid=True)
     # without the promise, the module computes positions past its table exactly
     far = torch.tensor([[5, 6, 100], [-3, 1, 2]])
     ref = posenc.RotaryEmbedding(16, max_seq_len=128, layout=layout)
@@ -197,7 +196,7 @@ def test_the_kernel_reads_the_modules_packed_tables(layout):
     rope_r = posenc.RotaryEmbedding(16, max_seq_len=32, layout=layout, backend="torch")
     q, k = torch.randn(2, 3, 5, 16), torch.randn(2, 1, 5, 16)
     positions = torch.tensor([[0, 3, 9, 31, 2], [4, 4, 4, 4, 4]])
-    for kw in ({"offset": 20}, {"positions": positions}, {"positions": positions, "assume_in_table": True}):
+    for kw in ({"offset": 20}, {"positions": positions}, {"positions": positions, "assume_valid": True}):
         for a, b in zip(rope_t(q, k, **kw), rope_r(q, k, **kw), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
 
@@ -260,7 +259,7 @@ def test_input_checks_at_the_boundary():
         posenc.RotaryEmbedding(8)(torch.randn(1, 1, 3, 8), assume_in_table=1)
     with pytest.raises(ValueError, match="pass seq_len"):
         posenc.RotaryEmbedding(8, scaling=posenc.DynamicNTKScaling(2.0, 8))(
-            torch.randn(1, 1, 3, 8), positions=torch.arange(3), assume_in_table=True)
+            torch.randn(1, 1, 3, 8), positions=torch.arange(3), assume_valid=True)
 
 
 class _RotateAt(torch.nn.Module):
@@ -270,7 +269,7 @@ class _RotateAt(torch.nn.Module):
         self.assume = assume
 
     def forward(self, q, k, positions):
-        return self.rope(q, k, positions=positions, assume_in_table=self.assume)
+        return self.rope(q, k, positions=positions, assume_valid=self.assume)
 
 
 def test_exported_module_computes_or_refuses_positions_past_its_table():
@@ -304,7 +303,7 @@ def test_compiled_xpos_with_a_positions_tensor_equals_eager():
     f = torch.compile(lambda q, k, p: rope(q, k, positions=p), fullgraph=True, backend="eager")
     for a, b in zip(f(q, k, positions), rope(q, k, positions=positions), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
-    for a, b in zip(rope(q, k, positions=positions.clamp(max=15), assume_in_table=True),
+    for a, b in zip(rope(q, k, positions=positions.clamp(max=15), assume_valid=True),
                     rope(q, k, positions=positions.clamp(max=15)), strict=True):
         assert torch.equal(a, b)
 
@@ -334,13 +333,13 @@ def test_exact_paths_check_positions_even_when_promised():
     rope = posenc.RotaryEmbedding(64, max_seq_len=4096, xpos_scale_base=512.0)
     q = torch.randn(1, 1, 1, 64)
     with pytest.raises(ValueError, match="xPos scales overflow"):
-        rope(q, q, positions=torch.tensor([40000]), assume_in_table=True)
+        rope(q, q, positions=torch.tensor([40000]), assume_valid=True)
     small = posenc.RotaryEmbedding(8, max_seq_len=4096, xpos_scale_base=10.0)
     q8 = torch.randn(1, 1, 1, 8)
-    torch.testing.assert_close(small.rotate(q8, positions=torch.tensor([3]), key=True, assume_in_table=True),
+    torch.testing.assert_close(small.rotate(q8, positions=torch.tensor([3]), key=True, assume_valid=True),
                                small.rotate(q8, positions=torch.tensor([3]), key=True))
     with pytest.raises(ValueError, match=r"within \[-2\*\*31, 2\*\*31\]"):
-        posenc.RotaryEmbedding(8).rotate(q8.double(), positions=torch.tensor([2**40]), assume_in_table=True)
+        posenc.RotaryEmbedding(8).rotate(q8.double(), positions=torch.tensor([2**40]), assume_valid=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])

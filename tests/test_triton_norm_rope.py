@@ -112,7 +112,7 @@ def test_broken_in_table_promise_gives_nan_rows_never_a_read_past_the_table():
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
     w = torch.ones(8)
     cos, sin = tables(8, 8)
-    qo, ko = rms_norm_rope_qk(q, k, w, w, cos, sin, positions=torch.tensor([0, 1, 8]), assume_in_table=True,
+    qo, ko = rms_norm_rope_qk(q, k, w, w, cos, sin, positions=torch.tensor([0, 1, 8]), assume_valid=True,
                               backend="triton")
     assert bool(qo[:, :, 2].isnan().all() and ko[:, :, 2].isnan().all())
     ref = rms_norm_rope_qk(q[:, :, :2], k[:, :, :2], w, w, cos, sin, backend="torch")

@@ -202,7 +202,7 @@ def test_varlen_compiles_fullgraph():
     q, k = torch.randn(13, 2, 8), torch.randn(13, 1, 8)
     cos, sin = tables(32, 8)
     f = torch.compile(lambda q, k: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, backend="triton",
-                                                   assume_in_table=True), fullgraph=True, backend="eager")
+                                                   assume_valid=True), fullgraph=True, backend="eager")
     ref = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, backend="torch")
     for a, b in zip(f(q, k), ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)

@@ -2,14 +2,13 @@
 
 The range of a positions tensor is the only value a rotation may read back from the device.  It is
 read at most once per public call, and never when the caller promises the positions lie inside the
-table (``assume_in_table=True``) or while tracing, where a traceable assertion guards the lookup
+table (``assume_valid=True``) or while tracing, where a traceable assertion guards the lookup
 instead: no path reads outside a table.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 #: Up to this many positions are read back whole (one small transfer, no reduction: decode steps).
 _READ_WHOLE = 64
@@ -29,8 +28,11 @@ def provably_in_table(offset, length, rows: int) -> bool:
 
     For tracing: static shapes give a plain answer; symbolic ones (dynamic shapes, ``torch.export``)
     give False unless their constraints prove it, and never add a guard, so one graph serves
-    every length (the caller computes such positions instead of reading a table).
+    every length (the caller computes such positions instead of reading a table).  Imported here, not
+    at module level: sympy and the shape machinery cost a plain ``import posenc`` about a second.
     """
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     return statically_known_true(offset >= 0) and statically_known_true(offset + length <= rows)
 
 
@@ -61,10 +63,10 @@ def table_rows(table: torch.Tensor, positions: torch.Tensor | None, offset: int,
         positions = positions.long()
     try:
         return torch.embedding(table, positions)
-    except IndexError:                                                   # a broken assume_in_table promise
+    except IndexError:                                                   # a broken assume_valid promise
         raise ValueError(
             f"positions must lie in [0, {table.shape[0]}) for this cos/sin table (they were promised to with "
-            f"assume_in_table=True); drop the promise to have them checked or computed"
+            f"assume_valid=True); drop the promise to have them checked or computed"
         ) from None
 
 

@@ -62,8 +62,16 @@ def alibi_bias(
     check_float_dtype("dtype", dtype)
     dist = relative_distances(positions, key_positions)                 # (S, S_k) or (B, S, S_k), q - k
     check_same_device("slopes", slopes, "positions", positions.device)
+    return alibi_bias_of_distances(dist, slopes, symmetric=symmetric, dtype=dtype)
+
+
+def alibi_bias_of_distances(distances: torch.Tensor, slopes: torch.Tensor, *, symmetric: bool,
+                            dtype: torch.dtype) -> torch.Tensor:
+    """:func:`alibi_bias` from checked int64 distances ``q - k`` ``(S, S_k)``/``(B, S, S_k)`` and slopes
+    ``(H,)`` on their device: ``(..., H, S, S_k)``.  (What encodings call inside ``posenc.attention``,
+    which has checked the positions already.)"""
     m = slopes.to(torch.float32 if dtype != torch.float64 else torch.float64)
-    bias = alibi_logits(dist.unsqueeze(-3), m.view(-1, 1, 1), symmetric=symmetric)   # (..., H, S, S_k)
+    bias = alibi_logits(distances.unsqueeze(-3), m.view(-1, 1, 1), symmetric=symmetric)   # (..., H, S, S_k)
     return bias.to(dtype)
 
 

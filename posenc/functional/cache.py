@@ -23,7 +23,6 @@ from posenc._torch.angles import working_dtype
 from posenc._torch.backend import (
     kernel_limits,
     kernel_possible,
-    resolve_rope_backend,
 )
 from posenc._torch.checks import (
     check_float_tensor,
@@ -32,8 +31,8 @@ from posenc._torch.checks import (
     check_qk,
     check_same_device,
 )
+from posenc._torch.rope_call import check_table_options, choose_engine, table_rotary_dim
 from posenc._torch.rows import guard_in_table, out_of_table
-from posenc.functional.rope import _check_table_options, _table_rotary_dim
 from posenc.kernels import torch_rope
 
 __all__ = ["rope_and_cache"]
@@ -165,7 +164,7 @@ def rope_and_cache(
     """
     paged = _cache_kind(cache_seqlens, slots)
     _check_no_grad(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
-    rotary = _table_rotary_dim(cos, sin)
+    rotary = table_rotary_dim(cos, sin)
     _validate.check_bool("inplace", inplace)
     _validate.check_bool("assume_valid", assume_valid)
     if paged:
@@ -174,11 +173,11 @@ def rope_and_cache(
     else:
         sd, index, positions = _check_contiguous(q, k, v, k_cache, v_cache, cache_seqlens, positions, seq_dim, rotary)
         tokens = q.shape[sd]
-    _check_table_options(q, cos, sin, layout, backend)
+    check_table_options(q, cos, sin, layout, backend)
     cap = k_cache.shape[0] * k_cache.shape[1] if paged else k_cache.shape[2]
     all_valid = _check_ranges(index, positions, paged, tokens, cap, cos.shape[0], assume_valid)
-    why = _kernel_why(q, k, v, k_cache, v_cache, sd, paged) if kernel_possible(backend, q) else None
-    engine = resolve_rope_backend(backend, q, why)
+    why = (_kernel_why(q, k, v, k_cache, v_cache, sd, paged) or "") if kernel_possible(backend, q) else ""
+    engine = choose_engine(backend, q, k, sd, why)
     if inplace and not torch.compiler.is_compiling():
         check_inplace("q", q)
     if engine == "triton":
@@ -425,8 +424,7 @@ def _rope_and_cache_torch(q, k, v, k_cache, v_cache, cos, sin, index, positions,
             return torch_rope.rope_qk(x, y, cos=cos, sin=sin, positions=rot_pos, offset=0, layout=layout, seq_dim=sd,
                                       inplace=in_place)
         except ValueError as err:                                           # the lookup caught a broken promise
-            raise ValueError(str(err).replace("assume_in_table=True", "assume_valid=True")
-                             .replace("checked or computed", "checked")) from None
+            raise ValueError(str(err).replace("checked or computed", "checked")) from None
 
     if inplace:
         k_rot = rotate(work, None, False)[0]

@@ -17,15 +17,17 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET
 from posenc._torch.angles import working_dtype
-from posenc._torch.backend import (
-    kernel_limits,
-    kernel_possible,
-    resolve_rope_backend,
-)
 from posenc._torch.checks import check_float_tensor, check_position_args, check_qk, check_same_device
+from posenc._torch.rope_call import (
+    check_table_options,
+    choose_engine,
+    promise,
+    table_positions_ok,
+    table_rotary_dim,
+)
 from posenc._torch.rows import broadcast_rows, table_rows
-from posenc.functional.rope import _check_in_table, _check_table_options, _table_rotary_dim
 from posenc.kernels import torch_rope
 
 __all__ = ["rms_norm_rope_qk"]
@@ -46,7 +48,8 @@ def rms_norm_rope_qk(
     layout: str = "half",
     seq_dim: int = -2,
     backend: str = "auto",
-    assume_in_table: bool = False,
+    assume_valid: bool = False,
+    assume_in_table: bool = UNSET,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RMS-normalise queries and keys, scale them by their norm weights and rotate them (QK-norm + RoPE).
 
@@ -87,8 +90,9 @@ def rms_norm_rope_qk(
         backend: ``"auto"`` (the fused Triton kernel for supported CUDA tensors, else torch),
             ``"torch"`` or ``"triton"`` (one launch for q and k forward and one backward; raises if
             it cannot take the case).
-        assume_in_table: promise that every entry of ``positions`` lies in ``[0, P)``, so that their
+        assume_valid: promise that every entry of ``positions`` lies in ``[0, P)``, so that their
             range is not read back from the device (no synchronisation, as a CUDA graph needs).
+            (Formerly ``assume_in_table``, which still works for now with a ``DeprecationWarning``.)
 
     Shape:
         - q: ``(B, H, S, D)`` or ``(B, S, H, D)``; k: the same with ``H_k`` heads.
@@ -123,14 +127,17 @@ def rms_norm_rope_qk(
         Zhang and Sennrich 2019, "Root Mean Square Layer Normalization" (arXiv:1910.07467); Su et
         al. 2021, "RoFormer" (arXiv:2104.09864); Qwen3, Gemma 3 and OLMo 2 technical reports.
     """
-    sd = check_qk(q, k, seq_dim, _table_rotary_dim(cos, sin))
+    if assume_in_table is not UNSET:
+        assume_valid = promise("rms_norm_rope_qk", assume_in_table, assume_valid)
+    sd = check_qk(q, k, seq_dim, table_rotary_dim(cos, sin))
     if q.dim() != 4 or sd not in (1, 2):
         raise ValueError(
             f"q must be 4-D, (B, H, S, D) with seq_dim=-2 or (B, S, H, D) with seq_dim=1, to know its heads; got "
             f"shape {tuple(q.shape)} with seq_dim={seq_dim}"
         )
-    _check_table_options(q, cos, sin, layout, backend)
-    _validate.check_bool("assume_in_table", assume_in_table)
+    check_table_options(q, cos, sin, layout, backend)
+    if type(assume_valid) is not bool:
+        _validate.check_bool("assume_valid", assume_valid)
     eps = _validate.check_float("eps", eps, positive=True)
     weight_offset = _validate.check_float("weight_offset", weight_offset)
     head_axis = 3 - sd                                                  # (B, H, S, D): 1; (B, S, H, D): 2
@@ -145,13 +152,11 @@ def rms_norm_rope_qk(
         k_token = _norm_extent("k_weight", k_weight, k, head_axis)
     seq_len = q.shape[sd]
     positions, offset = check_position_args(positions, offset, seq_len, q.shape[0], q.device)
-    _check_in_table(positions, offset, seq_len, cos.shape[0], assume_in_table)
+    table_positions_ok(positions, offset, seq_len, cos.shape[0], assume_valid)
     why = None
-    if kernel_possible(backend, q):
-        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
-        if why is None and (cos.requires_grad or sin.requires_grad):
-            why = "gradients with respect to cos/sin are computed by the torch engine"
-    if resolve_rope_backend(backend, q, why) == "triton":
+    if cos.requires_grad or sin.requires_grad:
+        why = "gradients with respect to cos/sin are computed by the torch engine"
+    if choose_engine(backend, q, k, sd, why) == "triton":
         return _triton_engine()(q, k, q_weight, k_weight, cos=cos, sin=sin, positions=positions, offset=offset,
                                 eps=eps, weight_offset=weight_offset, layout=layout, seq_dim=sd)
     c = table_rows(cos, positions, offset, seq_len)                     # (S, d/2) or (B, S, d/2)

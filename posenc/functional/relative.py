@@ -50,9 +50,19 @@ def relative_position_bucket(
         >>> relative_position_bucket(torch.tensor([-200, -16, -8, -7, -1, 0, 1, 7, 8, 16, 127, 200]))
         tensor([15, 10,  8,  7,  1,  0, 17, 23, 24, 26, 31, 31])
     """
-    per_side, max_exact, thr = core_relative.thresholds(num_buckets, max_distance, bidirectional)
+    thresholds = core_relative.thresholds(num_buckets, max_distance, bidirectional)
+    return bucket_of_distances(check_positions("relative_position", relative_position), thresholds,
+                               bidirectional=bidirectional)
+
+
+def bucket_of_distances(relative_position: torch.Tensor, thresholds: tuple[int, int, tuple[int, ...]], *,
+                        bidirectional: bool) -> torch.Tensor:
+    """:func:`relative_position_bucket` of a checked integer tensor, with the bucket boundaries
+    ``thresholds`` from :func:`posenc.core.relative.thresholds` computed once (a module does so at
+    construction, so traced code never calls the cached host function)."""
+    per_side, max_exact, thr = thresholds
     # distances past +-2**62 share the last bucket anyway; clamping keeps |rp| representable
-    rp = check_positions("relative_position", relative_position).long().clamp(-_FAR, _FAR)
+    rp = relative_position.long().clamp(-_FAR, _FAR)
     if bidirectional:
         offset = (rp > 0).long() * per_side
         n = rp.abs()

@@ -25,26 +25,32 @@ import math
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET
 from posenc._torch.angles import exact_cos_sin
 from posenc._torch.backend import (
-    ROPE_BACKENDS,
     check_rope_backend,
     kernel_limits,
     kernel_possible,
-    resolve_rope_backend,
 )
 from posenc._torch.checks import (
     check_float_dtype,
     check_float_tensor,
     check_inplace,
-    check_position_args,
     check_position_range,
     check_positions,
-    check_qk,
     check_same_device,
-    inplace_pair_overlaps,
 )
-from posenc._torch.rows import guard_in_table, out_of_table, position_range
+from posenc._torch.rope_call import (
+    check_call,
+    check_flags,
+    check_table_options,
+    choose_engine,
+    feed,
+    promise,
+    table_positions_ok,
+    table_rotary_dim,
+)
+from posenc._torch.rows import guard_in_table, out_of_table
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
 from posenc.core import exact as core_exact
 from posenc.core import rope as core_rope
@@ -315,14 +321,14 @@ def apply_rope(
     _validate.check_bool("inplace", inplace)
     if inplace and not torch.compiler.is_compiling():
         check_inplace("x", x)
-    engine = "torch"
-    if backend != "torch":
+    seq_dim: int | None = None
+    why: str | None = ""
+    if kernel_possible(backend, x):                   # the kernel's own conditions, computed only when it may run
         seq_dim = _shared_rows_axis(x, cos, h)
         why = kernel_limits(x, seq_dim) if seq_dim is not None else "cos/sin must be one (S, d/2) row set shared by the batch"
         if why is None and (cos.requires_grad or sin.requires_grad):
             why = "gradients with respect to cos/sin are computed by the torch engine"
-        engine = resolve_rope_backend(backend, x, why)
-    if engine == "triton":
+    if choose_engine(backend, x, None, seq_dim, why or "") == "triton":
         return rope_engine("triton")(x, None, cos=cos.reshape(-1, h), sin=sin.reshape(-1, h), positions=None, offset=0,
                                      layout=layout, seq_dim=seq_dim, inplace=inplace)[0]
     return torch_rope.rotate(x, cos, sin, layout=layout, inplace=inplace)
@@ -340,8 +346,9 @@ def apply_rope_qk(
     seq_dim: int = -2,
     inplace: bool = False,
     backend: str = "auto",
-    assume_in_table: bool = False,
+    assume_valid: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    assume_in_table: bool = UNSET,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate queries and keys together from ``(P, d/2)`` cos/sin tables.
 
@@ -362,14 +369,15 @@ def apply_rope_qk(
         inplace: rotate q and k in place.
         backend: ``"auto"``, ``"torch"`` or ``"triton"`` (the fused kernel: one launch for q and k,
             reading the tables directly).
-        assume_in_table: promise that every entry of ``positions`` lies in ``[0, P)``, so that
+        assume_valid: promise that every entry of ``positions`` lies in ``[0, P)``, so that
             their range is not read back from the device (no synchronisation: what a decode step
             captured in a CUDA graph needs).  The lookup stays bounds-checked (an error on CPU, a
             device-side assertion on CUDA; the Triton kernel gives NaN rows), so a broken promise
             never reads outside the tables.  Without it, one range reduction per call checks
             ``positions`` (none with ``offset``, whose range is known on the host).  With
             ``cu_seqlens`` it also promises valid cumulative lengths, which are otherwise checked
-            in the same read.
+            in the same read.  (Formerly ``assume_in_table``, which still works for now with a
+            ``DeprecationWarning``.)
         cu_seqlens: packed variable-length batch, as flash-attention's varlen functions take it:
             q ``(T, H, D)`` and k ``(T, H_k, D)`` hold ``N`` sequences back to back, and
             ``cu_seqlens`` ``(N + 1,)`` (int32/int64) their cumulative lengths ``[0, ..., T]``.
@@ -395,34 +403,25 @@ def apply_rope_qk(
         >>> torch.equal(packed[3:], alone[0])
         True
     """
+    if assume_in_table is not UNSET:
+        assume_valid = promise("apply_rope_qk", assume_in_table, assume_valid)
     if cu_seqlens is not None:
-        return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_in_table,
+        return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_valid,
                                   cu_seqlens)
-    sd = check_qk(q, k, seq_dim, _table_rotary_dim(cos, sin))
-    _check_table_options(q, cos, sin, layout, backend)
-    _validate.check_bool("assume_in_table", assume_in_table)
-    _validate.check_bool("inplace", inplace)
-    seq_len = q.shape[sd]
-    positions, offset = check_position_args(positions, offset, seq_len, q.shape[0] if sd > 0 else None, q.device)
-    _check_in_table(positions, offset, seq_len, cos.shape[0], assume_in_table)
-    why = None
-    if kernel_possible(backend, q):
-        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
-    engine = rope_engine(resolve_rope_backend(backend, q, why))
-    if inplace and inplace_pair_overlaps(q, k) and k is not None:       # views of one buffer: rotate, then copy
-        qr, kr = engine(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd,
-                        inplace=False)
-        return q.copy_(qr), k.copy_(kr)
-    return engine(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd, inplace=inplace)
+    sd, positions, offset, _ = check_call(q, k, seq_dim, table_rotary_dim(cos, sin), positions, offset, inplace,
+                                          assume_valid)
+    check_table_options(q, cos, sin, layout, backend)
+    table_positions_ok(positions, offset, q.shape[sd], cos.shape[0], assume_valid)
+    engine = rope_engine(choose_engine(backend, q, k, sd))
+    return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd)
 
 
-def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_in_table, cu_seqlens):
+def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens):
     """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``."""
-    cu_seqlens, offset = check_varlen_call(q, k, _table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
-    _check_table_options(q, cos, sin, layout, backend)
-    _validate.check_bool("assume_in_table", assume_in_table)
-    _validate.check_bool("inplace", inplace)
-    if assume_in_table:
+    cu_seqlens, offset = check_varlen_call(q, k, table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
+    check_table_options(q, cos, sin, layout, backend)
+    check_flags(inplace, assume)
+    if assume:
         pass
     elif torch.compiler.is_compiling():                                 # a traceable assertion, no reads
         guard_in_table("positions", varlen_positions(cu_seqlens, q.shape[0], offset), cos.shape[0])
@@ -434,54 +433,6 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
     why = None
     if kernel_possible(backend, q):
         why = kernel_limits(q[None], 1) or (None if k is None else kernel_limits(k[None], 1))
-    engine = rope_engine(resolve_rope_backend(backend, q, why))
-    if inplace and inplace_pair_overlaps(q, k) and k is not None:       # views of one buffer: rotate, then copy
-        qr, kr = engine(q, k, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0,
-                        inplace=False, cu_seqlens=cu_seqlens)
-        return q.copy_(qr), k.copy_(kr)
-    return engine(q, k, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0, inplace=inplace,
-                  cu_seqlens=cu_seqlens)
-
-
-def _check_table_options(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: object, backend: object) -> None:
-    """The tables' device, the layout and the backend of a call that rotates ``q`` from ``(P, d/2)``
-    tables (written for speed: one comparison each on the hot path)."""
-    if cos.device != q.device or sin.device != q.device:
-        for name, t in (("cos", cos), ("sin", sin)):
-            check_same_device(name, t, "q", q.device)
-    if layout not in ROPE_LAYOUTS:
-        _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-    if backend not in ROPE_BACKENDS:
-        check_rope_backend(backend)
-
-
-def _table_rotary_dim(cos: torch.Tensor, sin: torch.Tensor) -> int:
-    """Check ``(P, d/2)`` cos/sin tables; returns the rotary dim ``d``."""
-    for name, t in (("cos", cos), ("sin", sin)):
-        if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point):
-            check_float_tensor(name, t)
-    if cos.dim() != 2 or cos.shape != sin.shape or not cos.shape[-1]:
-        raise ValueError(
-            f"cos and sin must be (P, d/2) tables of one shape with d/2 >= 1, got {tuple(cos.shape)} and "
-            f"{tuple(sin.shape)}"
-        )
-    return 2 * cos.shape[-1]
-
-
-def _check_in_table(positions: torch.Tensor | None, offset: int, seq_len: int, rows: int, assume: bool) -> None:
-    """Reject positions outside a table of ``rows`` rows: on the host for an offset, with one range
-    reduction for a tensor, with a traceable assertion while compiling, not at all when promised."""
-    fix = "build a longer table or use posenc.nn.RotaryEmbedding, which computes them"
-    if positions is None:
-        if offset < 0 or offset + seq_len > rows:
-            raise ValueError(
-                f"positions {offset}..{offset + seq_len - 1} are outside the cos/sin table of {rows} rows; {fix}"
-            )
-    elif assume or not positions.numel():
-        return
-    elif torch.compiler.is_compiling():
-        guard_in_table("positions", positions, rows)
-    else:
-        lo, hi = position_range(positions)
-        if lo < 0 or hi >= rows:
-            raise out_of_table("positions", lo, hi, rows, fix)
+    engine = rope_engine(choose_engine(backend, q, k, None, why or ""))
+    return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0,
+                cu_seqlens=cu_seqlens)

@@ -89,13 +89,28 @@ def sincos_table_nd(
     grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale = core_sincos_nd.check_table_args(
         grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale)
     check_float_dtype("dtype", dtype)
-    return _exact_table(grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale, dtype, device)
+    return _host_table()(grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale, dtype, device)
 
 
-@torch.compiler.disable(reason=(
+_HOST_REASON = (
     "sin-cos grid tables are computed on the host in exact decimal arithmetic, which torch.compile(fullgraph=True) "
     "cannot trace; compute the table outside the compiled code: SinusoidalEncodingND(dim, grid_shape) precomputes "
-    "the table of its own grid_shape (build one for this grid), or pass in pe = sincos_table_nd(grid_shape, dim)"))
+    "the table of its own grid_shape (build one for this grid), or pass in pe = sincos_table_nd(grid_shape, dim)")
+_host_table_fn = None
+
+
+def _host_table():
+    """:func:`_exact_table`, kept out of ``torch.compile`` graphs while tracing (a graph break; with
+    ``fullgraph=True`` a clear error).  The wrapper is made only then: ``torch.compiler.disable``
+    imports ``torch._dynamo``, which eager code must not pay for."""
+    global _host_table_fn
+    if not torch.compiler.is_compiling():
+        return _exact_table
+    if _host_table_fn is None:
+        _host_table_fn = torch.compiler.disable(_exact_table, reason=_HOST_REASON)
+    return _host_table_fn
+
+
 def _exact_table(grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale, dtype, device):
     """The table from checked arguments.  Host maths: a graph break under ``torch.compile`` (a clear error with
     ``fullgraph=True``); ``torch.export`` records the table of the (static) grid as a constant."""

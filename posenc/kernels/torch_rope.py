@@ -153,7 +153,9 @@ def _rotate_small(x: torch.Tensor, factors, h: int, layout: str, inplace: bool) 
         xw = xr if xr.dtype == ct else xr.to(ct)
         xc = _complex_view(xw)
         if xc is None:
-            xc = _complex_view(xw.contiguous())
+            # odd strides or an odd storage offset (a view starting at an odd element, which
+            # contiguous() would return as it is): a fresh contiguous copy always has a complex view
+            xc = _complex_view(xw.clone(memory_format=torch.contiguous_format))
         rot = torch.view_as_real(xc * factors[0]).flatten(-2)
     if rot.dtype != x.dtype:
         rot = rot.to(x.dtype)                                              # one rounding

@@ -2,7 +2,7 @@
 
 Each program takes one token ``(b, s)``: it reads the token's position, one row of the exact
 float32 cos/sin tables (a position outside the table reads nothing and gives NaN rows, so a
-broken ``assume_in_table`` promise is visible and never reads past the table) (GPU ``sin``/``cos`` of large float32 angles would lose the exactness of the
+broken ``assume_valid`` promise is visible and never reads past the table) (GPU ``sin``/``cos`` of large float32 angles would lose the exactness of the
 tables), and rotates every head of q and then of k in float32, rounding once to the output dtype.
 q and k are read once and written once, which is the memory-bound minimum.  The backward pass is
 the same kernel rotating by ``-theta`` (``CONJ``): rotations are orthogonal, so the gradient of

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from posenc import _validate
+from posenc._torch.checks import check_same_device
 from posenc._torch.heads import module_head_range
 from posenc._torch.tables import TableModule
 from posenc.core import alibi as core_alibi
@@ -75,14 +76,18 @@ class AlibiBias(TableModule):
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_valid):
         """Biases leave queries and keys as they are."""
         return q, k
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
-        """The ``(H, S, S_k)`` / ``(B, H, S, S_k)`` bias added to the logits."""
+        """The ``(H, S, S_k)`` / ``(B, H, S, S_k)`` bias added to the logits (positions checked by
+        ``posenc.attention``)."""
         self._check_heads(num_heads)
-        return self(positions, key_positions, dtype=dtype)
+        if positions.device != self.slopes.device:
+            check_same_device("slopes", self.slopes, "positions", positions.device)
+        distances = positions.long().unsqueeze(-1) - key_positions.long().unsqueeze(-2)   # (..., S, S_k), q - k
+        return functional_alibi.alibi_bias_of_distances(distances, self.slopes, symmetric=self.symmetric, dtype=dtype)
 
     def attention_score_mod(self, positions, key_positions, *, num_heads):
         """``flex_attention`` score modification over ``(B, S)`` / ``(B, S_k)`` positions."""

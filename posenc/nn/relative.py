@@ -63,6 +63,8 @@ class RelativePositionBias(nn.Module):
         self.num_buckets, self.max_distance, self.bidirectional = core_relative.check_bucket_args(
             num_buckets, max_distance, bidirectional
         )
+        # the bucket boundaries, once (host maths: never inside a traced graph)
+        self._thresholds = core_relative.thresholds(self.num_buckets, self.max_distance, self.bidirectional)
         self.head_range = module_head_range(self.num_heads, head_range, tp_group)
         self.local_heads = self.head_range[1] - self.head_range[0]
         if dtype is not None:
@@ -86,9 +88,10 @@ class RelativePositionBias(nn.Module):
         """Bucket of every (query, key) pair: ``(S, S_k)`` or ``(B, S, S_k)``."""
         rel = -functional_relative.relative_distances(positions, key_positions)            # key - query
         check_same_device("positions", positions, "the weight", self.weight.device)
-        return functional_relative.relative_position_bucket(
-            rel, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
-        )
+        return self._buckets(rel)
+
+    def _buckets(self, rel: torch.Tensor) -> torch.Tensor:
+        return functional_relative.bucket_of_distances(rel, self._thresholds, bidirectional=self.bidirectional)
 
     def forward(self, positions: torch.Tensor, key_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Bias for queries at ``positions`` and keys at ``key_positions`` (default: the same)."""
@@ -98,14 +101,22 @@ class RelativePositionBias(nn.Module):
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_valid):
         """Biases leave queries and keys as they are."""
         return q, k
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """The ``(H, S, S_k)`` / ``(B, H, S, S_k)`` bias added to the logits."""
         self._check_heads(num_heads)
-        return self(positions, key_positions).to(dtype)
+        if positions.device != self.weight.device:
+            check_same_device("positions", positions, "the weight", self.weight.device)
+        return self._bias(positions, key_positions).to(dtype)
+
+    def _bias(self, positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` for checked positions on the weight's device: ``(..., H, S, S_k)``."""
+        rel = key_positions.long().unsqueeze(-2) - positions.long().unsqueeze(-1)          # (..., S, S_k), key - query
+        values = nn.functional.embedding(self._buckets(rel), self.weight)                # (..., S, S_k, H)
+        return values.movedim(-1, -3)                                                    # (..., H, S, S_k)
 
     def attention_score_mod(self, positions, key_positions, *, num_heads):
         """``flex_attention`` score modification over ``(B, S)`` / ``(B, S_k)`` positions: the bias of
@@ -124,7 +135,7 @@ class RelativePositionBias(nn.Module):
         # size does not depend on the lengths (no recompilation per decode step, no device reads).
         far = self.max_distance
         rel = torch.arange(-far, far + 1, device=positions.device)
-        table = self(torch.zeros(1, dtype=torch.long, device=positions.device), rel)[:, 0]   # (H, 2 * far + 1)
+        table = self._bias(torch.zeros(1, dtype=torch.long, device=positions.device), rel)[:, 0]   # (H, 2 * far + 1)
         width = table.shape[-1]
         flat = table.reshape(-1)                                                  # (H * width,)
 

@@ -7,18 +7,17 @@ from typing import Any, Protocol, cast
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET
 from posenc._torch.angles import exact_cos_sin, float64_cos_sin, working_dtype
-from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
+from posenc._torch.backend import check_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
-    check_position_args,
     check_position_bounds,
     check_positions,
-    check_qk,
     check_same_device,
     check_seq_len,
-    inplace_pair_overlaps,
 )
+from posenc._torch.rope_call import check_call, check_flags, choose_engine, feed, promise
 from posenc._torch.rows import guard_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
@@ -59,12 +58,12 @@ class RotaryEmbedding(TableModule):
 
     Decoding step by step with ``offset`` reads nothing back from the device: the positions'
     range is known on the host.  With a ``positions`` tensor, one range reduction per call decides
-    between the table and exact computation; pass ``assume_in_table=True`` to promise that every
+    between the table and exact computation; pass ``assume_valid=True`` to promise that every
     position lies in ``[0, max_seq_len)`` and skip it (no device synchronisation, as a CUDA-graph
     captured decode step needs).  The lookup stays bounds-checked, so a broken promise raises (or,
     in the Triton kernel, gives NaN rows) and never reads outside the tables.  While tracing
     (``torch.compile``, ``torch.export``) the range is unknown: positions are computed exactly, or
-    looked up under a traceable assertion with ``assume_in_table=True`` or ``backend="triton"``.
+    looked up under a traceable assertion with ``assume_valid=True`` or ``backend="triton"``.
 
     Length-dependent rules (:class:`~posenc.DynamicNTKScaling`, :class:`~posenc.LongRopeScaling`)
     read ``seq_len`` (default: the largest position + 1).  Within the original context the
@@ -146,6 +145,8 @@ class RotaryEmbedding(TableModule):
         self.xpos_scale_base = (
             None if xpos_scale_base is None else _validate.check_float("xpos_scale_base", xpos_scale_base, positive=True)
         )
+        # the table's frequencies serve every call (no length-dependent rule, no xPos scales)
+        self._plain = not self._length_dependent and self.xpos_scale_base is None
         h = self.dim // 2
         self.register_buffer("inv_freq_table", torch.empty(h, device=device, dtype=torch.float64), persistent=False)
         self.register_buffer("turns", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
@@ -246,7 +247,7 @@ class RotaryEmbedding(TableModule):
             return table_rows(self.cos_table, positions, 0, 0), table_rows(self.sin_table, positions, 0, 0)
         return self._exact(positions, rng, freqs, dtype)
 
-    # ---- the one validation and decision per call --------------------------------------------------
+    # ---- the public entry points: validate once (step 1), then the trusted pipeline -----------------
 
     def forward(
         self,
@@ -258,8 +259,9 @@ class RotaryEmbedding(TableModule):
         seq_dim: int = -2,
         inplace: bool = False,
         seq_len: int | None = None,
-        assume_in_table: bool = False,
+        assume_valid: bool = False,
         cu_seqlens: torch.Tensor | None = None,
+        assume_in_table: bool = UNSET,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
 
@@ -273,9 +275,10 @@ class RotaryEmbedding(TableModule):
             inplace: rotate ``q`` and ``k`` in place (the fast path; no output allocation).
             seq_len: current sequence length for length-dependent rules (default: the largest
                 position + 1).
-            assume_in_table: promise that ``positions`` lie in ``[0, max_seq_len)``: their range
+            assume_valid: promise that ``positions`` lie in ``[0, max_seq_len)``: their range
                 is not read back from the device (see the class docstring).  With ``cu_seqlens``,
-                it also promises valid cumulative lengths.
+                it also promises valid cumulative lengths.  (Formerly ``assume_in_table``, which
+                still works for now with a ``DeprecationWarning``.)
             cu_seqlens: a packed variable-length batch (flash-attention's varlen format): q
                 ``(T, H, D)`` and k ``(T, H_k, D)`` hold ``N`` sequences back to back and
                 ``cu_seqlens`` ``(N + 1,)`` their cumulative lengths ``[0, ..., T]``.  Positions
@@ -284,24 +287,56 @@ class RotaryEmbedding(TableModule):
                 sequence alone, length-dependent rules included (each sequence with its own
                 length, unless ``seq_len`` is given).  ``seq_dim`` is not used.
         """
+        if assume_in_table is not UNSET:
+            assume_valid = promise("RotaryEmbedding", assume_in_table, assume_valid)
         if cu_seqlens is not None:
-            return self._rotate_varlen(q, k, positions, offset, seq_len, assume_in_table, inplace, cu_seqlens)
-        sd = check_qk(q, k, seq_dim, self.dim)
-        return self._rotate_checked(q, k, sd, positions, offset, seq_len, assume_in_table, inplace, False)
+            return self._forward_varlen(q, k, positions, offset, seq_len, assume_valid, inplace, cu_seqlens)
+        sd, positions, offset, seq_len = check_call(q, k, seq_dim, self.dim, positions, offset, inplace,
+                                                    assume_valid, seq_len)
+        return self._rotate(q, k, sd, positions, offset, seq_len, assume_valid, inplace, False)
 
-    def _rotate_varlen(self, q, k, positions, offset, seq_len, assume, inplace, cu_seqlens):
+    def rotate(
+        self,
+        x: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        offset: int = 0,
+        key: bool = False,
+        seq_dim: int = -2,
+        inplace: bool = False,
+        seq_len: int | None = None,
+        assume_valid: bool = False,
+        assume_in_table: bool = UNSET,
+    ) -> torch.Tensor:
+        """Rotate one tensor of queries (``key=False``) or keys (``key=True``) on its own positions.
+
+        ``forward(q, k)`` is ``rotate(q)`` and ``rotate(k, key=True)`` with shared positions; call
+        this directly when queries and keys sit at different positions (a query after cached keys).
+        ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
+        """
+        if assume_in_table is not UNSET:
+            assume_valid = promise("RotaryEmbedding.rotate", assume_in_table, assume_valid)
+        if type(key) is not bool:
+            _validate.check_bool("key", key)
+        sd, positions, offset, seq_len = check_call(x, None, seq_dim, self.dim, positions, offset, inplace,
+                                                    assume_valid, seq_len)
+        return self._rotate(x, None, sd, positions, offset, seq_len, assume_valid, inplace, key)[0]
+
+    def _forward_varlen(self, q, k, positions, offset, seq_len, assume, inplace, cu_seqlens):
         """:meth:`forward` on a packed ``(T, H, D)`` batch: positions from ``cu_seqlens``, checked
         and ranged in one device read, then one rotation of the whole batch."""
         cu_seqlens, offset = check_varlen_call(q, k, self.dim, positions, cu_seqlens, offset)
-        _validate.check_bool("assume_in_table", assume)
+        check_flags(inplace, assume)
+        if seq_len is not None:
+            seq_len = check_seq_len(seq_len)
         if seq_len is None and self._length_dependent:
             # each sequence alone has its own length, hence its own frequencies: one call per sequence
             return self._rotate_each(q, k, offset, assume, inplace, cu_seqlens)
         rng = None if assume or torch.compiler.is_compiling() else varlen_range(cu_seqlens, q.shape[0], offset)
         in_table = assume or (rng is not None and self._in_table(rng))
         pos = varlen_positions(cu_seqlens, q.shape[0], offset)[None]                 # (1, T)
-        qo, ko = self._rotate_checked(q[None], None if k is None else k[None], 1, pos, 0, seq_len, in_table, inplace,
-                                      False)                                         # (1, T, H, D)
+        qo, ko = self._rotate(q[None], None if k is None else k[None], 1, pos, 0, seq_len, in_table, inplace,
+                              False)                                                 # (1, T, H, D)
         if inplace:
             return q, k
         return qo[0], (None if ko is None else ko[0])
@@ -316,8 +351,8 @@ class RotaryEmbedding(TableModule):
         for a, b, start in zip(bounds, bounds[1:], starts, strict=False):
             if a == b:
                 continue
-            qi, ki = self._rotate_checked(q[a:b][None], None if k is None else k[a:b][None], 1, None, start, None,
-                                          assume, inplace, False)                    # (1, len, H, D)
+            qi, ki = self._rotate(q[a:b][None], None if k is None else k[a:b][None], 1, None, start, None,
+                                  assume, inplace, False)                            # (1, len, H, D)
             outs_q.append(qi[0])
             outs_k.append(None if ki is None else ki[0])
         if inplace:
@@ -326,46 +361,47 @@ class RotaryEmbedding(TableModule):
             return q.clone(), (None if k is None else k.clone())
         return torch.cat(outs_q), (None if k is None else torch.cat(outs_k))
 
-    def rotate(
-        self,
-        x: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        offset: int = 0,
-        key: bool = False,
-        seq_dim: int = -2,
-        inplace: bool = False,
-        seq_len: int | None = None,
-        assume_in_table: bool = False,
-    ) -> torch.Tensor:
-        """Rotate one tensor of queries (``key=False``) or keys (``key=True``) on its own positions.
+    # ---- steps 2-4 for checked arguments: table or exact, the engine, the rotation ----------------
 
-        ``forward(q, k)`` is ``rotate(q)`` and ``rotate(k, key=True)`` with shared positions; call
-        this directly when queries and keys sit at different positions (a query after cached keys).
-        ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
-        """
-        _validate.check_bool("key", key)
-        sd = check_qk(x, None, seq_dim, self.dim)
-        return self._rotate_checked(x, None, sd, positions, offset, seq_len, assume_in_table, inplace, key)[0]
-
-    def _rotate_checked(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key):
-        """Validate the positions once, decide tables or exact rows and the engine once, rotate."""
-        if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
-            qr, kr = self._rotate_checked(q, k, sd, positions, offset, seq_len, assume, False, q_is_key)
-            return q.copy_(qr), k.copy_(kr)
-        length = q.shape[sd]
+    def _rotate(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key):
+        """Rotate checked ``q``/``k`` (sequence axis ``sd``) at ``positions`` or ``offset + arange(S)``."""
         table = self._buffers["packed_table"]                  # (not through nn.Module.__getattr__: per-step cost)
-        device = q.device
-        if device != table.device:
+        if q.device != table.device:
             check_same_device("q", q, "the tables", table.device)
-        positions, offset = check_position_args(positions, offset, length, q.shape[0] if sd > 0 else None, device)
-        if seq_len is not None:
-            seq_len = check_seq_len(seq_len)
-        _validate.check_bool("assume_in_table", assume)
-        _validate.check_bool("inplace", inplace)
+        length = q.shape[sd]
         tracing = torch.compiler.is_compiling()
-        if not tracing and not length:
-            return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
+        if not tracing:
+            if not length:
+                return tuple(None if t is None else (t if inplace else t.clone()) for t in (q, k))
+            if (positions is None and self._plain and q.dtype != torch.float64 and 0 <= offset
+                    and offset + length <= self.max_seq_len):
+                # the decode step: table rows at a host-known offset, nothing else to decide
+                engine = rope_engine(choose_engine(self.backend, q, k, sd))
+                return feed(engine, q, k, inplace, cos=None, sin=None, positions=None, offset=offset,
+                            layout=self.layout, seq_dim=sd, packed=table)
+        rows, positions, rng, why = self._rows(q, positions, offset, length, seq_len, assume, tracing)
+        engine = rope_engine(choose_engine(self.backend, q, k, sd, why))
+        if rows is None:                                                             # the table's rows
+            return feed(engine, q, k, inplace, cos=None, sin=None, positions=positions, offset=offset,
+                        layout=self.layout, seq_dim=sd, packed=table)
+        cos, sin = rows
+        if self.xpos_scale_base is None:
+            return self._feed_rows(engine, q, k, sd, positions, cos, sin, inplace)
+        scale = self._xpos_scale(positions, rng)                                     # float64, like cos
+        outs = []
+        for t, is_key in ((q, q_is_key), (k, True)):
+            if t is not None:
+                sc = 1.0 / scale if is_key else scale
+                c, s = (cos * sc).to(cos.dtype), (sin * sc).to(sin.dtype)
+                t = self._feed_rows(engine, t, None, sd, positions, c, s, inplace)[0]
+            outs.append(t)
+        return outs[0], outs[1]
+
+    def _rows(self, q, positions, offset, length, seq_len, assume, tracing):
+        """Step 2, table or exact: ``(None, positions, rng, None)`` to read the table, else
+        ``((cos, sin), positions, rng, why)`` computed for this call, ``why`` saying why the kernel
+        cannot take them (None if it can); ``rng`` is the positions' ``(min, max)`` when known on the
+        host."""
         known_in_table = False
         if positions is None:
             # while tracing, the range is not read on the host: a table read only where static
@@ -382,66 +418,54 @@ class RotaryEmbedding(TableModule):
         own_freqs = traced_rule or freqs is not None
         from_table = not own_freqs and self.xpos_scale_base is None and q.dtype != torch.float64 and (
             self._in_table(rng) if rng is not None else known_in_table or assume and positions is not None)
-        if not from_table and rng is None and positions is not None:
-            rng = self._range(positions, False)              # computed exactly: the promise does not cover it
-        engine = self._engine(q, k, sd, rng, own_freqs, from_table)
         if from_table:
             if rng is None and tracing and positions is not None:
                 guard_in_table("positions", positions, self.max_seq_len)
-            return engine(q, k, cos=None, sin=None, positions=positions, offset=offset, layout=self.layout, seq_dim=sd,
-                          inplace=inplace, packed=table)
+            return None, positions, rng, None
+        if rng is None and positions is not None:
+            rng = self._range(positions, False)              # computed exactly: the promise does not cover it
         if positions is None:
             positions = torch.arange(offset, offset + length, device=q.device)
         if traced_rule:
-            cos, sin = self._traced_rule_cos_sin(positions, rng, seq_len, working_dtype(q.dtype))
+            rows = self._traced_rule_cos_sin(positions, rng, seq_len, working_dtype(q.dtype))
         else:
-            cos, sin = self._exact(positions, rng, freqs, working_dtype(q.dtype))   # (S, h) or (B, S, h)
-        if self.xpos_scale_base is None:
-            return self._rotate_rows(engine, q, k, sd, positions, cos, sin, inplace)
-        scale = self._xpos_scale(positions, rng)                                     # float64, like cos
-        outs = []
-        for t, is_key in ((q, q_is_key), (k, True)):
-            if t is not None:
-                sc = 1.0 / scale if is_key else scale
-                c, s = (cos * sc).to(cos.dtype), (sin * sc).to(sin.dtype)
-                t = self._rotate_rows(engine, t, None, sd, positions, c, s, inplace)[0]
-            outs.append(t)
-        return outs[0], outs[1]
+            rows = self._exact(positions, rng, freqs, working_dtype(q.dtype))        # (S, h) or (B, S, h)
+        if self.xpos_scale_base is not None:
+            why: str | None = "xPos scales are applied by the torch engine"
+        elif own_freqs:
+            why = "the rule's frequencies for this length differ from the table's"
+        elif rng is not None:
+            why = (f"positions [{rng[0]}, {rng[1]}] go past the table of {self.max_seq_len} rows (the torch engine "
+                   f"computes them)")
+        else:                                       # (backend="triton" takes the computed rows)
+            why = "positions of unknown range while tracing are computed by the torch engine" if (
+                self.backend == "auto") else None
+        return rows, positions, rng, why
 
-    def _rotate_rows(self, engine, q, k, sd, positions, cos, sin, inplace):
+    def _feed_rows(self, engine, q, k, sd, positions, cos, sin, inplace):
         """Rotate by rows computed for this call: ``(S, h)``, or ``(B, S, h)`` read as a table."""
         if cos.dim() == 2:
-            return engine(q, k, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout, seq_dim=sd,
-                          inplace=inplace)
+            return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout,
+                        seq_dim=sd)
         index = torch.arange(positions.numel(), device=cos.device).view(positions.shape)     # (B, S)
-        return engine(q, k, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
-                      layout=self.layout, seq_dim=sd, inplace=inplace)
-
-    def _engine(self, q, k, sd, rng, own_freqs, from_table):
-        """The engine for this call, decided once (no device reads)."""
-        if not kernel_possible(self.backend, q):
-            return rope_engine("torch")
-        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
-        if why is None:
-            if self.xpos_scale_base is not None:
-                why = "xPos scales are applied by the torch engine"
-            elif own_freqs:
-                why = "the rule's frequencies for this length differ from the table's"
-            elif rng is not None and not from_table:
-                why = (f"positions [{rng[0]}, {rng[1]}] go past the table of {self.max_seq_len} rows (the torch "
-                       f"engine computes them)")
-            elif rng is None and not from_table and self.backend == "auto":
-                why = "positions of unknown range while tracing are computed by the torch engine"
-        return rope_engine(resolve_rope_backend(self.backend, q, why))
+        return feed(engine, q, k, inplace, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
+                    layout=self.layout, seq_dim=sd)
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_valid):
         """Rotate queries at ``positions`` and (unrotated) keys at ``key_positions``; where
         ``offsets`` gives a host-known first position, by offset (no device reads).
 
-        Length-dependent rules use ``seq_len``, by default the largest key position + 1.
+        ``posenc.attention`` has checked every argument: this enters the pipeline after its
+        validation step.  Length-dependent rules use ``seq_len``, by default the largest key
+        position + 1.
         """
+        if q.shape[-1] < self.dim:                         # the one thing attention cannot know: our dim
+            raise ValueError(
+                f"q has head dim {q.shape[-1]} < rotary dim {self.dim}; build the rotary embedding for a rotary dim "
+                f"<= the head dim"
+            )
         q_offset, k_offset = offsets
         if seq_len is None and self._length_dependent:
             if k_offset is not None:
@@ -449,13 +473,14 @@ class RotaryEmbedding(TableModule):
             elif torch.compiler.is_compiling():
                 seq_len = key_positions.max() + 1                                    # in the graph
             else:
-                rng = self._range(key_positions, assume_in_table)                    # one read, when needed
+                rng = self._range(key_positions, assume_valid)                       # one read, when needed
                 seq_len = None if rng is None else rng[1] + 1
-        q_at = {"offset": q_offset} if q_offset is not None else {"positions": positions}
-        k_at = {"offset": k_offset} if k_offset is not None else {"positions": key_positions}
-        q = self.rotate(q, seq_len=seq_len, assume_in_table=assume_in_table, **q_at)
-        return q, None if k is None else self.rotate(k, key=True, seq_len=seq_len, assume_in_table=assume_in_table,
-                                                     **k_at)
+        q_at = (None, q_offset) if q_offset is not None else (positions, 0)
+        q = self._rotate(q, None, 2, *q_at, seq_len, assume_valid, False, False)[0]             # (B, H, S, D)
+        if k is None:
+            return q, None
+        k_at = (None, k_offset) if k_offset is not None else (key_positions, 0)
+        return q, self._rotate(k, None, 2, *k_at, seq_len, assume_valid, False, True)[0]        # (B, H_kv, S_k, D)
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """Rotary embeddings add no bias."""
