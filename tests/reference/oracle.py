@@ -28,12 +28,26 @@ def sinusoidal_mp(position: int, dim: int, base: float = 10000.0, layout: str = 
     return row
 
 
-def sinusoidal_f64(positions, dim: int, base: float = 10000.0) -> np.ndarray:
-    """Float64 interleaved table straight from the formula (accurate to ~1e-12 for small positions)."""
-    p = np.asarray(positions, dtype=np.float64)[:, None]
+def sinusoidal_f64(positions, dim: int, base: float = 10000.0, layout: str = "interleaved") -> np.ndarray:
+    """``(..., dim)`` float64 table rows for positions of any shape (Vaswani et al. 2017, section 3.5).
+
+    "interleaved": PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)); "concat": the
+    same columns as ``[sin ... | cos ...]``; "tensor2tensor": ``[sin(p w_k) | cos(p w_k)]`` with
+    ``w_k = base^(-k / max(d/2 - 1, 1))`` and a zero column when ``d`` is odd.  Accurate to ~1e-12
+    for small positions (the angle is rounded once in float64).
+    """
+    p = np.asarray(positions, dtype=np.float64)[..., None]
+    if layout == "tensor2tensor":
+        h = dim // 2
+        angle = p * base ** (-np.arange(h) / max(h - 1, 1))
+        zeros = np.zeros((*angle.shape[:-1], dim % 2))
+        return np.concatenate([np.sin(angle), np.cos(angle), zeros], -1)
     j = np.arange(dim)
     angle = p / np.power(base, 2 * (j // 2) / dim)
-    return np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    row = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    if layout == "concat":
+        row = np.concatenate([row[..., 0::2], row[..., 1::2]], -1)
+    return row
 
 
 def ulps(dtype: torch.dtype, truth: torch.Tensor) -> torch.Tensor:
