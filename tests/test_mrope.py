@@ -243,15 +243,20 @@ def test_linear_scaling_divides_every_axis_position():
 
 
 # ---- transformers ---------------------------------------------------------------------------------------
+# The tests that build transformers' Qwen2-VL / Qwen2.5-VL classes skip one by one (needs_qwen_vl) when
+# transformers, or its Qwen2-VL / Qwen2.5-VL models, are missing; the rest of this file runs without it.
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
-if not hasattr(transformers, "Qwen2VLConfig") or not hasattr(transformers, "Qwen2_5_VLConfig"):
-    pytest.skip("this transformers has no Qwen2-VL / Qwen2.5-VL", allow_module_level=True)
+try:
+    import transformers
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
 
-from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl  # noqa: E402
-from transformers.models.qwen2_vl import modeling_qwen2_vl  # noqa: E402
-
-from posenc.integrations.transformers import patch_model, unpatch_model  # noqa: E402
+    from posenc.integrations.transformers import patch_model, unpatch_model
+except ImportError:
+    transformers = None
+HAS_QWEN_VL = hasattr(transformers, "Qwen2VLConfig") and hasattr(transformers, "Qwen2_5_VLConfig")
+needs_qwen_vl = pytest.mark.skipif(
+    not HAS_QWEN_VL, reason="needs transformers with Qwen2-VL / Qwen2.5-VL (pip install transformers)")
 
 IMAGE, VIDEO = 90, 91
 SECTION = [2, 3, 3]                     # head_dim 16: 8 slots
@@ -263,9 +268,10 @@ VISION = {
     "qwen2_5_vl": dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=2,
                        tokens_per_second=2, fullatt_block_indexes=[0], window_size=8),
 }
+FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 FAMILY = {"qwen2_vl": (transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration, modeling_qwen2_vl),
           "qwen2_5_vl": (transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration,
-                         modeling_qwen2_5_vl)}
+                         modeling_qwen2_5_vl)} if HAS_QWEN_VL else {}
 
 
 def _config(family):
@@ -331,7 +337,8 @@ def _hf_positions(model, family, ids, types, mask, grids, seconds):
     return model.model.get_rope_index(ids, types, _grid(grids, IM), _grid(grids, V), attention_mask=mask, **kwargs)
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("prompt", list(PROMPTS))
 @pytest.mark.parametrize("masked", [True, False])
 def test_positions_equal_get_rope_index(models, family, prompt, masked):
@@ -358,6 +365,7 @@ def test_positions_equal_get_rope_index(models, family, prompt, masked):
     assert torch.equal(by_ids[:, valid], want[:, valid])
 
 
+@needs_qwen_vl
 def test_qwen2_5_videos_default_to_one_second_per_grid(models):
     rows, grids = PROMPTS["video-only"]
     ids, types, mask = _prompt(rows, grids)
@@ -395,7 +403,8 @@ def test_positions_bad_inputs_raise():
                         video_grid_thw=vid)
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_rotation_equals_transformers_rotary_and_apply(models, family):
     """transformers' own cos/sin (its text rotary class) and rotation on get_rope_index positions of a
     left-padded mixed prompt, against the module; valid tokens only."""
@@ -421,6 +430,7 @@ def test_rotation_equals_transformers_rotary_and_apply(models, family):
                                atol=_tol(q.numpy()))
 
 
+@needs_qwen_vl
 @pytest.mark.skipif(not hasattr(transformers, "Qwen3VLTextConfig"), reason="this transformers has no Qwen3-VL")
 def test_interleaved_sections_equal_qwen3_vl_rotary():
     from transformers.models.qwen3_vl import modeling_qwen3_vl
@@ -458,7 +468,8 @@ def test_mrope_from_hf_reads_v4_config_json(config, want):
     assert core_hf_config.mrope_from_hf(config) == want
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_from_hf_config_reads_v5_configs_whole_or_text(family):
     config = _config(family)
     hf = getattr(FAMILY[family][2], ("Qwen2VL" if family == "qwen2_vl" else "Qwen2_5_VL") + "RotaryEmbedding")(
@@ -503,7 +514,8 @@ def _inputs(family, config):
     return kwargs, mask.bool()
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_patched_model_reproduces_the_models_logits(models, family):
     model = models[family]
     kwargs, valid = _inputs(family, model.config)
@@ -540,7 +552,8 @@ def test_patched_model_reproduces_the_models_logits(models, family):
         torch.testing.assert_close(model(**kwargs).logits, want, rtol=0, atol=0)      # restored exactly
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_patch_text_model_alone(family):
     text_cls = transformers.Qwen2VLTextModel if family == "qwen2_vl" else transformers.Qwen2_5_VLTextModel
     with warnings.catch_warnings():

@@ -67,3 +67,21 @@ def ulp_error(values: torch.Tensor, truth: list, dtype: torch.dtype) -> float:
     t64 = torch.tensor([float(t) for t in truth], dtype=torch.float64)
     v64 = values.detach().flatten().to(torch.float64)
     return float(((v64 - t64).abs() / ulps(dtype, t64)).max())
+
+
+def round_f32(x: mpmath.mpf) -> np.float32:
+    """``x`` correctly rounded to float32 (normal range: a 24-bit significand, nearest-even)."""
+    with mpmath.workprec(24):
+        r = +x
+    return np.float32(float(r))                                              # exact: r has 24 bits
+
+
+def assert_within_one_f32_ulp(got: np.ndarray, truth: list[list[mpmath.mpf]], what: str) -> None:
+    """float32 ``got`` is within one ulp of the correctly rounded ``truth`` (rows of mpmath numbers)."""
+    want = np.array([[round_f32(t) for t in row] for row in truth], dtype=np.float32)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    ulp = np.spacing(np.abs(want)).astype(np.float64)
+    bad = np.argwhere(err > ulp)
+    assert not bad.size, f"{what}: {len(bad)} values off by more than one ulp, first at {tuple(bad[0])}: " \
+                         f"got {got[tuple(bad[0])]!r}, correctly rounded {want[tuple(bad[0])]!r}"

@@ -147,3 +147,30 @@ def rms_norm_rope(x: torch.Tensor, w, positions, *, token: bool = False, offset:
     wd = torch.as_tensor(w, dtype=torch.float64)
     scale = (offset + wd).reshape(x.shape[1], 1, x.shape[3]) if token else offset + wd
     return rotate_np(n * scale, positions, default(x.shape[-1], base), layout)
+
+
+def cos_sin_rule_mp(positions: list[int], dim: int, base: float, kind: str, factor: float, original: int):
+    """``(cos, sin)`` rows ``a * cos(p theta_i)`` in mpmath (at the caller's precision), ``theta_i`` from each
+    rule's published formula: "none" (RoFormer), "linear" (PI), "ntk" (base * f^(d / (d - 2))) or "yarn"
+    (NTK-by-parts with YaRN's temperature ``a = 0.1 ln f + 1``)."""
+    d = mpmath.mpf(dim)
+    theta = [mpmath.power(mpmath.mpf(base), -mpmath.mpf(2 * i) / d) for i in range(dim // 2)]
+    a = mpmath.mpf(1)
+    f = mpmath.mpf(factor)
+    if kind == "linear":                                                     # position interpolation
+        theta = [t / f for t in theta]
+    elif kind == "ntk":                                                      # base * f^(d / (d - 2))
+        new_base = mpmath.mpf(base) * mpmath.power(f, d / (d - 2))
+        theta = [mpmath.power(new_base, -mpmath.mpf(2 * i) / d) for i in range(dim // 2)]
+    elif kind == "yarn":                                                     # NTK-by-parts + temperature
+        def pair_index(rotations):
+            return d * mpmath.log(original / (rotations * 2 * mpmath.pi)) / (2 * mpmath.log(base))
+        low = max(int(mpmath.floor(pair_index(32))), 0)
+        high = min(int(mpmath.ceil(pair_index(1))), dim - 1)
+        width = mpmath.mpf(high - low) if high != low else mpmath.mpf("0.001")
+        ramps = [min(max((i - low) / width, mpmath.mpf(0)), mpmath.mpf(1)) for i in range(dim // 2)]
+        theta = [t / f * r + t * (1 - r) for t, r in zip(theta, ramps, strict=True)]
+        a = mpmath.log(f) / 10 + 1 if factor > 1 else mpmath.mpf(1)
+    cos = [[a * mpmath.cos(p * t) for t in theta] for p in positions]
+    sin = [[a * mpmath.sin(p * t) for t in theta] for p in positions]
+    return cos, sin
