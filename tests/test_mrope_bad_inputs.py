@@ -190,8 +190,8 @@ def _mrope_want(p3, section=(2, 1, 1), layout="half", interleaved=False, seq1=Fa
         if t is None:
             return None
         if seq1:
-            return np.swapaxes(ref_mrope(np.swapaxes(arr(t), 1, 2), p3, 8, section, layout, interleaved), 1, 2)
-        return ref_mrope(t, p3, 8, section, layout, interleaved)
+            return np.swapaxes(ref_mrope(np.swapaxes(arr(t), 1, 2), p3, 8, section, layout=layout, interleaved=interleaved), 1, 2)
+        return ref_mrope(t, p3, 8, section, layout=layout, interleaved=interleaved)
     return lambda q, k: (one(q), one(k))
 
 

@@ -149,8 +149,8 @@ def mrope_angles(p3, dim: int, section, base: float = 10000.0, interleaved: bool
     return np.stack([p3[a] * theta[j] for j, a in enumerate(mrope_axes(dim, section, interleaved))], -1)
 
 
-def mrope_rotate(x, p3, dim: int, section, layout: str = "half", interleaved: bool = False,
-                 base: float = 10000.0) -> np.ndarray:
+def mrope_rotate(x, p3, dim: int, section, base: float = 10000.0, *, layout: str = "half",
+                 interleaved: bool = False) -> np.ndarray:
     """M-RoPE of ``x (B, H, S, D)`` at ``p3 (3, S)`` or ``(3, B, S)``, in float64."""
     angle = mrope_angles(p3, dim, section, base, interleaved)                 # (S, h) or (B, S, h)
     if angle.ndim == 3:
