@@ -5,16 +5,18 @@
 A decode step rotates one new token: q (1, H_q, 1, D) and k (1, H_kv, 1, D) at position 1000 of a
 4096-row table.  At this size every torch call costs far more than its arithmetic, so what is
 measured is the work per call: validation, table lookup and the number of torch calls.  Each row
-is the median over ``--repeats`` of ``blocked_autorange`` medians; the ratio column is the median
-(min-max) over the repeats of the row's time divided by transformers' time in the same repeat.
+is the median over ``--repeats`` of ``blocked_autorange`` medians; the ratio columns are the median
+(min-max) over the repeats of the row's time divided by transformers' (or Llama's) time in the same
+repeat.  The closing lines hold posenc's offset rows (both layouts, float32 and bfloat16) to at most
+0.6x transformers and 1.2x Llama.
 
   transformers   ``apply_rotary_pos_emb(q, k, cos, sin)`` after looking its cos/sin rows up in
                  precomputed (P, D) tables by ``position_ids``, as its models do per layer
   Llama          Meta's reference: ``freqs_cis[start:start + 1]`` and a complex multiplication
   plain          a half-split rotation from float32 (P, D/2) tables, written out here
-  posenc         ``RotaryEmbedding(q, k, offset=)``, ``(positions=)``, ``(positions=,
-                 assume_in_table=True)``, ``apply_rope_qk(q, k, cos, sin, offset=)`` (half layout,
-                 as transformers), and the interleaved layout (as Llama)
+  posenc         ``RotaryEmbedding(q, k, offset=)`` and ``apply_rope_qk(q, k, cos, sin, offset=)``
+                 in both layouts (half as transformers, interleaved as Llama), ``(positions=)``
+                 and ``(positions=, assume_valid=True)``
 """
 
 from __future__ import annotations
@@ -69,30 +71,56 @@ def peers(D: int, dtype: torch.dtype, q: torch.Tensor, k: torch.Tensor) -> list[
     return out
 
 
-def bench(dtype: torch.dtype, hq: int, hk: int, D: int, repeats: int) -> None:
+#: The targets a decode step of posenc is held to (medians over the repeats of per-repeat ratios).
+TARGET_HF, TARGET_LLAMA = 0.6, 1.2
+
+
+def bench(dtype: torch.dtype, hq: int, hk: int, D: int, repeats: int) -> list[tuple[str, float, float]]:
+    """Print one table section; return ``(label, ratio to transformers, ratio to Llama)`` of the gated rows."""
     name = str(dtype).replace("torch.", "")
     q, k = torch.randn(1, hq, 1, D).to(dtype), torch.randn(1, hk, 1, D).to(dtype)
-    rope = RotaryEmbedding(D, max_seq_len=P)
-    rope_il = RotaryEmbedding(D, max_seq_len=P, layout="interleaved")
-    cos, sin = rope.cos_table, rope.sin_table
     positions = torch.tensor([POS])
-    rows = peers(D, dtype, q, k) + [
-        ("posenc RotaryEmbedding(q, k, offset=)", lambda: rope(q, k, offset=POS)),
+    rows = peers(D, dtype, q, k)
+    gated = []
+    for layout in ("half", "interleaved"):
+        rope = RotaryEmbedding(D, max_seq_len=P, layout=layout)
+        cos, sin = rope.cos_table, rope.sin_table
+        gated += [
+            (f"posenc RotaryEmbedding(q, k, offset=), {layout}", lambda r=rope: r(q, k, offset=POS)),
+            (f"posenc apply_rope_qk(q, k, cos, sin, offset=), {layout}",
+             lambda c=cos, s=sin, lay=layout: apply_rope_qk(q, k, c, s, offset=POS, layout=lay)),
+        ]
+    rope = RotaryEmbedding(D, max_seq_len=P)
+    rows += gated + [
         ("posenc RotaryEmbedding(q, k, positions=)", lambda: rope(q, k, positions=positions)),
-        ("posenc RotaryEmbedding(q, k, positions=, assume_in_table=True)",
-         lambda: rope(q, k, positions=positions, assume_in_table=True)),
-        ("posenc apply_rope_qk(q, k, cos, sin, offset=)", lambda: apply_rope_qk(q, k, cos, sin, offset=POS)),
-        ("posenc RotaryEmbedding(layout='interleaved')(q, k, offset=)", lambda: rope_il(q, k, offset=POS)),
+        ("posenc RotaryEmbedding(q, k, positions=, assume_valid=True)",
+         lambda: rope(q, k, positions=positions, assume_valid=True)),
     ]
     times: dict[str, list[float]] = {label: [] for label, _ in rows}
     for _ in range(repeats):
         for label, fn in rows:
             times[label].append(median_seconds(fn, min_run_time=0.2))
-    base = times[rows[0][0]]
-    for label, _ in rows:
-        ratios = [t / b for t, b in zip(times[label], base, strict=True)]
+    labels = [label for label, _ in rows]
+    hf = times[labels[0]] if labels[0].startswith("transformers") else None
+    llama = times["Llama reference (complex multiply)"]
+    out = []
+    for label in labels:
+        r_hf = _ratio(times[label], hf) if hf else None
+        r_llama = _ratio(times[label], llama)
         print(f"| {label} | {name} | {statistics.median(times[label]) * 1e6:.1f} | "
-              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |")
+              f"{'-' if r_hf is None else _cell(r_hf)} | {_cell(r_llama)} |")
+        if label in dict(gated):
+            out.append((f"{label} ({name})", statistics.median(r_hf) if r_hf else float("nan"),
+                        statistics.median(r_llama)))
+    return out
+
+
+def _ratio(times: list[float], base: list[float]) -> list[float]:
+    return [t / b for t, b in zip(times, base, strict=True)]
+
+
+def _cell(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def main() -> None:
@@ -108,10 +136,16 @@ def main() -> None:
           f"position {POS} of {P}; torch {torch.__version__}, {torch.get_num_threads()} thread(s); ratio to the "
           f"first row, median (min-max) over {args.repeats} repeats")
     print()
-    print("| implementation | dtype | µs per step | ratio to transformers |")
-    print("|---|---|---:|---:|")
+    print("| implementation | dtype | µs per step | × transformers | × Llama |")
+    print("|---|---|---:|---:|---:|")
+    gated = []
     for dtype in (torch.float32, torch.bfloat16):
-        bench(dtype, args.q_heads, args.kv_heads, args.head_dim, args.repeats)
+        gated += bench(dtype, args.q_heads, args.kv_heads, args.head_dim, args.repeats)
+    print()
+    print(f"targets: at most {TARGET_HF}x transformers and {TARGET_LLAMA}x Llama (medians of the per-repeat ratios)")
+    for label, r_hf, r_llama in gated:
+        ok = r_hf <= TARGET_HF and r_llama <= TARGET_LLAMA
+        print(f"  {'met ' if ok else 'MISS'}  {label}: {r_hf:.2f}x transformers, {r_llama:.2f}x Llama")
 
 
 if __name__ == "__main__":

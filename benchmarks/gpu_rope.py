@@ -334,13 +334,13 @@ def section_decode(bench: Bench) -> None:
             k = torch.randn(B, 1, Hk, D, device=bench.device, dtype=dtype)
             pos = torch.randint(0, P, (B, 1), device=bench.device)
             ref = R.apply_rope_qk(q.float(), None, cos, sin, positions=pos, seq_dim=1, backend="torch")[0]
-            got = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_in_table=True)
+            got = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
             rows = [
                 ("posenc apply_rope_qk (triton, positions promised in the table)",
                  lambda q=q, k=k, pos=pos: R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton",
-                                                           assume_in_table=True), (got[0], ref)),
-                ("posenc RotaryEmbedding module (assume_in_table=True)",
-                 lambda q=q, k=k, pos=pos: rope(q, k, positions=pos, seq_dim=1, assume_in_table=True), None),
+                                                           assume_valid=True), (got[0], ref)),
+                ("posenc RotaryEmbedding module (assume_valid=True)",
+                 lambda q=q, k=k, pos=pos: rope(q, k, positions=pos, seq_dim=1, assume_valid=True), None),
             ]
             c_hf = cos_hf[pos].unsqueeze(2).to(dtype)                         # (B, 1, 1, D)
             s_hf = sin_hf[pos].unsqueeze(2).to(dtype)
@@ -414,11 +414,11 @@ def section_varlen(bench: Bench) -> None:
         rows = [("limit: copy q and k", lambda: (qb.copy_(q), kb.copy_(k)), None),
                 ("posenc triton, cu_seqlens, inplace=True",
                  lambda: R.apply_rope_qk(qi, ki, cos, sin, cu_seqlens=cu, inplace=True, backend="triton",
-                                         assume_in_table=True),
+                                         assume_valid=True),
                  lambda: (R.apply_rope_qk(q.clone(), k.clone(), cos, sin, cu_seqlens=cu, inplace=True,
                                           backend="triton")[0], ref)),
                 ("posenc triton, cu_seqlens",
-                 lambda: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton", assume_in_table=True),
+                 lambda: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton", assume_valid=True),
                  lambda: (R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton")[0], ref))]
         hfc = bench.compile("hf_varlen", lambda q, k, pos: _hf(q, k, cos_hf[pos][:, None].to(q.dtype),
                                                                sin_hf[pos][:, None].to(q.dtype)))
@@ -461,7 +461,7 @@ def section_cache(bench: Bench) -> None:
 
         def unfused_posenc():
             qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=lens[:, None], seq_dim=1, backend="triton",
-                                     assume_in_table=True)
+                                     assume_valid=True)
             kc[rows_b, :, lens] = kr[:, 0]
             vc[rows_b, :, lens] = v[:, 0]
             return qr
@@ -521,7 +521,7 @@ def _cache_paged(bench, q, k, v, lens, cos, sin, cs_cache, block, ref_q):
 
     def unfused_posenc():
         qr, kr = posenc.apply_rope_qk(qt[None], kt[None], cos, sin, positions=lens[None], seq_dim=1,
-                                      backend="triton", assume_in_table=True)
+                                      backend="triton", assume_valid=True)
         flat_k.index_copy_(0, slots, kr[0])
         flat_v.index_copy_(0, slots, vt)
         return qr

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything CI checks, in order; the first failing step stops the run.
 #   lint (ruff), types (mypy), the test suite (torch, and Keras on the torch backend), Keras again
-#   on JAX, the strict docs build, every built page rendered in headless Chromium (when Chromium is
-#   installed), and the sdist/wheel build, twine check and install into a fresh venv.
+#   on JAX (both spread over the CPU cores by pytest-xdist), the strict docs build, every built page
+#   rendered in headless Chromium (when Chromium is installed), and the sdist/wheel build, twine
+#   check and install into a fresh venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 site=$(mktemp -d)
@@ -16,8 +17,8 @@ step() {
 }
 step ruff check .
 step mypy -p posenc
-step python -m pytest
-KERAS_BACKEND=jax step python -m pytest tests/keras
+step python -m pytest -n auto
+KERAS_BACKEND=jax step python -m pytest -n auto tests/keras
 step mkdocs build --strict --quiet --site-dir "$site"
 step python scripts/check_site.py --site "$site" --skip-if-no-chromium
 step bash scripts/check_package.sh

@@ -10,6 +10,12 @@ if not torch.cuda.is_available():
     # it is first imported, and importing torch._dynamo (e.g. for torch.compiler.disable) imports it.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (scripts/check.sh runs `pytest -n auto`) each worker is a process of its own: share
+# the CPU cores between the workers instead of letting each one start a thread per core.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, torch.get_num_threads() // _WORKERS))
+
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
 

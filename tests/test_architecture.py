@@ -188,6 +188,7 @@ def test_the_lab_is_not_in_the_root_namespace_but_importable():
     assert TinyTransformer is not None and list_encodings()
 
 
+@pytest.mark.slow
 def test_the_old_models_path_still_imports_with_a_deprecation_warning():
     code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
             "try:\n    import posenc.models\nexcept DeprecationWarning as w:\n    print('warned:', w)")

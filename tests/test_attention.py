@@ -122,6 +122,7 @@ def test_user_masks_combine():
 FLEX_CASES = [("alibi", True, True), ("t5", False, True), ("rope", True, False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, causal, packed", FLEX_CASES)
 def test_flex_backend_equals_sdpa(name, causal, packed):
     pytest.importorskip("torch.nn.attention.flex_attention")

@@ -14,41 +14,12 @@ from posenc.attn import attention  # noqa: E402
 from posenc.core import axial as core_axial  # noqa: E402
 from posenc.functional.axial import apply_axial_rope, axial_cos_sin, grid_positions  # noqa: E402
 from posenc.nn.axial_rotary import AxialRotaryEmbedding  # noqa: E402
+from tests.reference.grid_oracle import axial_angles, axial_pairs  # noqa: E402
 from tests.reference.oracle import ulps  # noqa: E402
+from tests.reference.rope_oracle import rotate_pairs  # noqa: E402
 from tests.reference.timm_layers import timm_layer  # noqa: E402
 
-# ---- the independent oracle (float64, from the formulas) -----------------------------------------
-
-
-def pairs_of(axes_dims, layout):
-    """Feature indices ``(i1, i2)`` of every rotary pair, pair order = block order."""
-    out, off = [], 0
-    for d in axes_dims:
-        for i in range(d // 2):
-            out.append((off + 2 * i, off + 2 * i + 1) if layout == "interleaved" else (off + i, off + d // 2 + i))
-        off += d
-    return np.array(out)
-
-
-def fixed_angles(positions, axes_dims, base):
-    """``(..., S, h)`` angles: pair i of block a at p -> p_a * base^(-2i/d_a)."""
-    p = np.asarray(positions, dtype=np.float64)
-    cols = []
-    for a, d in enumerate(axes_dims):
-        f = base ** (-2.0 * np.arange(d // 2) / d)
-        cols.append(p[..., a : a + 1] * f)
-    return np.concatenate(cols, -1)
-
-
-def rotate_oracle(x, angles, pairs):
-    """Rotate float64 ``x (..., D)`` by ``angles`` broadcasting against ``(..., h)``."""
-    x = np.asarray(x, dtype=np.float64)
-    out = x.copy()
-    c, s = np.cos(angles), np.sin(angles)
-    x1, x2 = x[..., pairs[:, 0]], x[..., pairs[:, 1]]
-    out[..., pairs[:, 0]] = x1 * c - x2 * s
-    out[..., pairs[:, 1]] = x2 * c + x1 * s
-    return out
+# ---- against the independent oracle (tests/reference/grid_oracle.py) ------------------------------
 
 
 def bhsd_angles(angles):
@@ -77,14 +48,14 @@ def test_fixed_matches_oracle(layout, batched, seq_dim):
     pos = torch.randint(0, 9, (B, S, 3) if batched else (S, 3))
     q, k = torch.randn(B, H, S, D), torch.randn(B, 1, S, D)        # GQA: one key head
     m = AxialRotaryEmbedding(axes_dims, base=base, layout=layout, max_positions=16)
-    ang = bhsd_angles(fixed_angles(pos.numpy(), axes_dims, base))
-    pr = pairs_of(axes_dims, layout)
+    ang = bhsd_angles(axial_angles(pos.numpy(), axes_dims, base))
+    pr = axial_pairs(axes_dims, layout)
     qi, ki = (q, k) if seq_dim == -2 else (q.transpose(1, 2), k.transpose(1, 2))
     qo, ko = m(qi, ki, positions=pos, seq_dim=seq_dim)
     if seq_dim == 1:
         qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
-    close(qo, rotate_oracle(q.numpy(), ang, pr))
-    close(ko, rotate_oracle(k.numpy(), ang, pr))
+    close(qo, rotate_pairs(q.numpy(), ang, *pr))
+    close(ko, rotate_pairs(k.numpy(), ang, *pr))
     assert torch.equal(qo[..., 12:], q[..., 12:])                  # pass-through untouched
 
 
@@ -93,11 +64,11 @@ def test_positions_outside_table_and_float64_are_computed_exactly():
     m = AxialRotaryEmbedding(axes_dims, max_positions=8)
     pos = torch.tensor([[0, 3], [7, 8], [-5, 300], [70000, 2]])
     q = torch.randn(1, 2, 4, 8)
-    ang = fixed_angles(pos.numpy(), axes_dims, 10000.0)
-    close(m(q, positions=pos)[0], rotate_oracle(q.numpy(), ang, pairs_of(axes_dims, "interleaved")))
+    ang = axial_angles(pos.numpy(), axes_dims, 10000.0)
+    close(m(q, positions=pos)[0], rotate_pairs(q.numpy(), ang, *axial_pairs(axes_dims, "interleaved")))
     q64 = q.double()
     got = m(q64, positions=pos)[0]
-    ref = rotate_oracle(q64.numpy(), ang, pairs_of(axes_dims, "interleaved"))
+    ref = rotate_pairs(q64.numpy(), ang, *axial_pairs(axes_dims, "interleaved"))
     assert got.dtype == torch.float64 and np.abs(got.numpy() - ref).max() < 1e-12
 
 
@@ -209,7 +180,7 @@ def test_learned_rotation_matches_formula_and_gradcheck():
     q = torch.randn(1, H, 5, 12, dtype=torch.float64)
     F = m.freqs.detach().numpy()                                             # (3, H, 6)
     ang = np.einsum("sa,ahj->hsj", pos.double().numpy(), F)                 # (H, S, h)
-    ref = rotate_oracle(q.numpy(), ang, pairs_of(axes_dims, "interleaved"))
+    ref = rotate_pairs(q.numpy(), ang, *axial_pairs(axes_dims, "interleaved"))
     np.testing.assert_allclose(m(q, positions=pos)[0].detach().numpy(), ref, rtol=0, atol=1e-12)
 
     freqs = m.freqs.detach().clone().requires_grad_(True)
@@ -274,8 +245,8 @@ def test_large_inputs_take_the_blocked_path_correctly():
     pos = torch.cat([torch.zeros(8, 3, dtype=torch.long),
                      torch.nn.functional.pad(grid_positions((12, 12)), (1, 0))])
     q = torch.randn(2, 24, pos.shape[0], 128)                                # > the small path's size
-    ang = fixed_angles(pos.numpy(), (16, 56, 56), 10000.0)
-    close(m(q, positions=pos)[0], rotate_oracle(q.numpy(), ang, pairs_of((16, 56, 56), "interleaved")))
+    ang = axial_angles(pos.numpy(), (16, 56, 56), 10000.0)
+    close(m(q, positions=pos)[0], rotate_pairs(q.numpy(), ang, *axial_pairs((16, 56, 56), "interleaved")))
 
 
 def test_bf16_inputs_tables_and_autocast():
@@ -284,7 +255,7 @@ def test_bf16_inputs_tables_and_autocast():
     pos = torch.tensor([[255, 256], [257, 3], [1000, 4]])
     q = torch.randn(1, 2, 3, 16).to(torch.bfloat16)
     got = m(q, positions=pos)[0]
-    ref = rotate_oracle(q.double().numpy(), fixed_angles(pos.numpy(), (8, 8), 10000.0), pairs_of((8, 8), "interleaved"))
+    ref = rotate_pairs(q.double().numpy(), axial_angles(pos.numpy(), (8, 8), 10000.0), *axial_pairs((8, 8), "interleaved"))
     close(got, ref, torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(m(q, positions=pos)[0], got)

@@ -5,12 +5,13 @@ Each case runs in a fresh interpreter where ``import torch`` fails (``sys.module
 """
 
 import json
-import math
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from tests.reference.oracle import sinusoidal_f64
 
 NO_TORCH = "import sys; sys.modules['torch'] = None; from posenc.cli import main; raise SystemExit(main({argv!r}))"
 
@@ -21,28 +22,8 @@ def run_without_torch(*argv: str) -> subprocess.CompletedProcess:
 
 
 def oracle(length: int, dim: int, base: float = 10000.0, offset: int = 0, layout: str = "interleaved") -> np.ndarray:
-    """Float64 table from the paper's formula, PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(...)."""
-    out = np.zeros((length, dim))
-    half = (dim + 1) // 2
-    for r in range(length):
-        p = offset + r
-        if layout == "tensor2tensor":                     # [sin | cos], frequency base^(-k / (d/2 - 1))
-            n = dim // 2
-            for k in range(n):
-                w = base ** (-k / max(n - 1, 1))
-                out[r, k], out[r, n + k] = math.sin(p * w), math.cos(p * w)
-            continue
-        for k in range(half):
-            w = 1.0 / base ** (2 * k / dim)
-            if layout == "interleaved":
-                out[r, 2 * k] = math.sin(p * w)
-                if 2 * k + 1 < dim:
-                    out[r, 2 * k + 1] = math.cos(p * w)
-            else:                                          # concat: [sin | cos]
-                out[r, k] = math.sin(p * w)
-                if k < dim // 2:
-                    out[r, half + k] = math.cos(p * w)
-    return out
+    """The reference table (tests/reference/oracle.py) of positions ``offset .. offset + length - 1``."""
+    return sinusoidal_f64(np.arange(offset, offset + length), dim, base, layout)
 
 
 def test_help_and_command_help_work_without_torch():

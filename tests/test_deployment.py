@@ -139,6 +139,7 @@ def test_compile_fullgraph_static_and_dynamic_equal_eager(name):
     assert counter.frame_count == first, f"recompiled for new lengths: {counter.frame_count - first} more graphs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sinusoidal", "rope_dynamic", "rope_longrope", "attention_rope_yarn", "attention_alibi"])
 def test_inductor_dynamic_equals_eager(name):
     model, kind = _case(name)
@@ -279,6 +280,7 @@ def test_attention_under_autocast_rotates_as_in_float32():
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", [AlibiBias(2), RelativePositionBias(2).requires_grad_(False)], ids=["alibi", "t5"])
 def test_flex_decoding_compiles_once_per_shape_class_not_per_step(encoding):
     from torch._dynamo.utils import counters

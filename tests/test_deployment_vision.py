@@ -30,6 +30,7 @@ from posenc.functional.sincos_nd import sincos_table_nd
 from posenc.nn.axial_rotary import AxialRotaryEmbedding
 from posenc.nn.mrope import MultimodalRotaryEmbedding
 from posenc.nn.sincos_nd import SinusoidalEncodingND
+from tests.reference.grid_oracle import sincos_nd
 
 BIG = 1 << 20                         # the upper bound of every dynamic dimension exported here
 AXIAL_TABLE = 8                       # coordinates 0 .. 7 per axis are tabulated
@@ -166,7 +167,7 @@ def test_sincos_nd_another_grid_compiles_with_a_graph_break_and_matches_eager():
     enc = SINCOS["2d_mae_cls"]()
     before = {n: b.clone() for n, b in enc.named_buffers()}
     fn = lambda x: enc(x, grid_shape=(3, 4))                                   # noqa: E731
-    want = torch.from_numpy(_oracle_2d((3, 4), 8, prefix=1)).float()          # the table, independently
+    want = torch.from_numpy(sincos_nd((3, 4), 8, prefix=1)).float()          # the table, independently
     torch.testing.assert_close(fn(torch.zeros(2, 13, 8))[1], want, rtol=2.4e-7, atol=1e-12)   # within 2 ulp
     x = _randn(2, 13, 8)
     assert torch.equal(torch.compile(fn, backend="aot_eager")(x), fn(x))
@@ -191,20 +192,6 @@ def test_sincos_nd_another_grid_exports_as_that_grids_constant_table():
     assert torch.equal(program.module()(x), enc(x, grid_shape=(3, 4)))
 
 
-def _oracle_2d(grid, dim, prefix=0, base=10000.0):
-    """MAE's table from the formula in float64 ``math``: ``[sin w f | cos w f | sin h f | cos h f]``."""
-    import math
-
-    import numpy as np
-
-    q = dim // 4
-    freqs = [base ** (-k / q) for k in range(q)]
-    rows = [[0.0] * dim for _ in range(prefix)]
-    for h in range(grid[0]):
-        for w in range(grid[1]):
-            rows.append([math.sin(w * f) for f in freqs] + [math.cos(w * f) for f in freqs]
-                        + [math.sin(h * f) for f in freqs] + [math.cos(h * f) for f in freqs])
-    return np.array(rows)
 
 
 # ---- AxialRotaryEmbedding (fixed) ------------------------------------------------------------------

@@ -279,6 +279,7 @@ def _worker(rank, world, store, result_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_runs_equal_the_unsharded_run(world, tmp_path):
     mp = pytest.importorskip("torch.multiprocessing")

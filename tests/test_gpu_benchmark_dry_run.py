@@ -13,6 +13,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install trito
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_dry_run_checks_every_posenc_row():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_rope.py"), "--dry-run"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)

@@ -15,28 +15,18 @@ import torch
 import posenc
 import posenc.functional as F
 from posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalEncoding
+from tests.reference.oracle import sinusoidal_f64
+from tests.reference.rope_oracle import default, rotate_np
 
 
 def ref_sinusoidal(positions, dim, base=10000.0):
-    """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(...), float64 (math, no posenc)."""
-    out = np.zeros((len(positions), dim))
-    for r, p in enumerate(positions):
-        for j in range(dim):
-            angle = p / base ** (2 * (j // 2) / dim)
-            out[r, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
-    return out
+    """The reference table rows (tests/reference/oracle.py)."""
+    return sinusoidal_f64(positions, dim, base)
 
 
 def ref_rope_half(x, positions, base=10000.0):
-    """Rotate pairs (i, i + d/2) of x (..., S, d) at positions, float64."""
-    x = x.double().numpy()
-    d = x.shape[-1]
-    h = d // 2
-    theta = np.array([base ** (-2 * i / d) for i in range(h)])
-    ang = np.asarray(positions, dtype=np.float64)[:, None] * theta
-    c, s = np.cos(ang), np.sin(ang)
-    a, b = x[..., :h], x[..., h:]
-    return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+    """The reference rotation of every feature of x (..., S, d), "half" layout (tests/reference/rope_oracle.py)."""
+    return rotate_np(x, positions, default(x.shape[-1], base), "half")
 
 
 NARROW_INTS = [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.uint64]

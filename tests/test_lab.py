@@ -54,6 +54,7 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+@pytest.mark.slow
 def test_every_encoding_beats_none_on_the_bidirectional_order_task(one_thread):
     result = position_task(NAMES, length=8, steps=250, dim=32, depth=2, batch_size=64, seed=0, progress=False)
     acc = result["accuracy"]

@@ -1,6 +1,6 @@
-"""Multimodal RoPE (Qwen2-VL / Qwen2.5-VL M-RoPE): a float64 oracle written here from the paper's
-rule, transformers' own rotary classes, ``get_rope_index`` and whole tiny models (random weights,
-built from configs: no downloads)."""
+"""Multimodal RoPE (Qwen2-VL / Qwen2.5-VL M-RoPE): the float64 oracle written from the paper's rule
+(tests/reference/grid_oracle.py), transformers' own rotary classes, ``get_rope_index`` and whole tiny
+models (random weights, built from configs: no downloads)."""
 
 import math
 import os
@@ -18,43 +18,12 @@ from posenc.core.rope import DynamicNTKScaling, LinearScaling
 from posenc.functional.mrope import mrope_cos_sin, mrope_positions
 from posenc.nn.mrope import MultimodalRotaryEmbedding
 from posenc.nn.rotary import RotaryEmbedding
+from tests.reference.grid_oracle import mrope_axes, mrope_rotate
 
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-# ---- the float64 oracle: slot j turns by p_axis(j) * base^(-2j/dim) -----------------------------------
-
-def oracle_axes(dim, section, interleaved):
-    """Axis of each slot, written from the rule (not from posenc.core.mrope)."""
-    half = dim // 2
-    if not interleaved:
-        return [0] * section[0] + [1] * section[1] + [2] * section[2]
-    axes = []
-    for j in range(half):
-        if j % 3 == 1 and j < 3 * section[1]:
-            axes.append(1)
-        elif j % 3 == 2 and j < 3 * section[2]:
-            axes.append(2)
-        else:
-            axes.append(0)
-    return axes
-
-
-def oracle_rotate(x, pos3, dim, section, base, *, interleaved=False, layout="half"):
-    """Rotate ``x (B, H, S, D)`` float64 numpy at positions ``pos3 (3, B, S)``."""
-    x = np.array(x, dtype=np.float64)
-    out = x.copy()
-    axes = oracle_axes(dim, section, interleaved)
-    half = dim // 2
-    for j in range(half):
-        theta = math.pow(base, -2.0 * j / dim)
-        ang = np.asarray(pos3[axes[j]], dtype=np.float64) * theta             # (B, S)
-        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-        a, b = (j, j + half) if layout == "half" else (2 * j, 2 * j + 1)
-        out[..., a] = x[..., a] * c - x[..., b] * s
-        out[..., b] = x[..., b] * c + x[..., a] * s
-    return out
-
+# ---- tolerance against the float64 oracle (slot j turns by p_axis(j) * base^(-2j/dim)) ---------------
 
 def _tol(x):
     """0.5 ulp of the result plus 2 eps (|x1| + |x2|): bound by the largest input magnitude."""
@@ -69,7 +38,7 @@ def _tol(x):
 ])
 def test_axis_plan_follows_the_rule(dim, section, interleaved):
     plan = core_mrope.mrope_axis_plan(dim, section, interleaved=interleaved)
-    assert plan.tolist() == oracle_axes(dim, section, interleaved)
+    assert plan.tolist() == mrope_axes(dim, section, interleaved)
     assert [int((plan == a).sum()) for a in range(3)] == section
 
 
@@ -119,7 +88,7 @@ def test_module_matches_the_float64_oracle(dim, head_dim, section, interleaved, 
         qr, kr = qr.transpose(1, 2), kr.transpose(1, 2)
     assert qr.dtype == kr.dtype == dtype
     for got, x in ((qr, q), (kr, k)):
-        want = oracle_rotate(x.double().numpy(), pos.numpy(), dim, section, 500.0, interleaved=interleaved,
+        want = mrope_rotate(x.double().numpy(), pos.numpy(), dim, section, 500.0, interleaved=interleaved,
                              layout=layout)
         tol = 1e-12 if dtype == torch.float64 else _tol(x.numpy())
         np.testing.assert_allclose(got.double().numpy(), want, rtol=0, atol=tol)
@@ -136,7 +105,7 @@ def test_cos_sin_rows_are_exact_and_pick_each_slots_axis():
     m = MultimodalRotaryEmbedding(12, [1, 2, 3], max_seq_len=16, base=10000.0)
     pos = torch.tensor([[3, 40000], [7, 5], [11, 2**31 - 1]])             # (3, S): in and past the table
     cos, sin = m.cos_sin(pos)
-    axes = oracle_axes(12, [1, 2, 3], False)
+    axes = mrope_axes(12, [1, 2, 3], False)
     for s in range(2):
         for j in range(6):
             ang = int(pos[axes[j], s]) * math.pow(10000.0, -2 * j / 12)
@@ -175,7 +144,7 @@ def test_bfloat16_keeps_float32_tables_and_autocast_changes_nothing():
     q = torch.randn(1, 2, 3, 16, dtype=torch.bfloat16)
     out = m(q, positions=pos)[0]
     assert out.dtype == torch.bfloat16
-    want = oracle_rotate(q.double().numpy(), pos[:, None].numpy(), 16, [2, 3, 3], 10000.0)
+    want = mrope_rotate(q.double().numpy(), pos[:, None].numpy(), 16, [2, 3, 3], 10000.0)
     np.testing.assert_allclose(out.double().numpy(), want, rtol=0, atol=0.02)   # bf16 rounding of the output
 
 
@@ -243,15 +212,20 @@ def test_linear_scaling_divides_every_axis_position():
 
 
 # ---- transformers ---------------------------------------------------------------------------------------
+# The tests that build transformers' Qwen2-VL / Qwen2.5-VL classes skip one by one (needs_qwen_vl) when
+# transformers, or its Qwen2-VL / Qwen2.5-VL models, are missing; the rest of this file runs without it.
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
-if not hasattr(transformers, "Qwen2VLConfig") or not hasattr(transformers, "Qwen2_5_VLConfig"):
-    pytest.skip("this transformers has no Qwen2-VL / Qwen2.5-VL", allow_module_level=True)
+try:
+    import transformers
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
 
-from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl  # noqa: E402
-from transformers.models.qwen2_vl import modeling_qwen2_vl  # noqa: E402
-
-from posenc.integrations.transformers import patch_model, unpatch_model  # noqa: E402
+    from posenc.integrations.transformers import patch_model, unpatch_model
+except ImportError:
+    transformers = None
+HAS_QWEN_VL = hasattr(transformers, "Qwen2VLConfig") and hasattr(transformers, "Qwen2_5_VLConfig")
+needs_qwen_vl = pytest.mark.skipif(
+    not HAS_QWEN_VL, reason="needs transformers with Qwen2-VL / Qwen2.5-VL (pip install transformers)")
 
 IMAGE, VIDEO = 90, 91
 SECTION = [2, 3, 3]                     # head_dim 16: 8 slots
@@ -263,9 +237,10 @@ VISION = {
     "qwen2_5_vl": dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=2,
                        tokens_per_second=2, fullatt_block_indexes=[0], window_size=8),
 }
+FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 FAMILY = {"qwen2_vl": (transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration, modeling_qwen2_vl),
           "qwen2_5_vl": (transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration,
-                         modeling_qwen2_5_vl)}
+                         modeling_qwen2_5_vl)} if HAS_QWEN_VL else {}
 
 
 def _config(family):
@@ -331,7 +306,8 @@ def _hf_positions(model, family, ids, types, mask, grids, seconds):
     return model.model.get_rope_index(ids, types, _grid(grids, IM), _grid(grids, V), attention_mask=mask, **kwargs)
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("prompt", list(PROMPTS))
 @pytest.mark.parametrize("masked", [True, False])
 def test_positions_equal_get_rope_index(models, family, prompt, masked):
@@ -358,6 +334,7 @@ def test_positions_equal_get_rope_index(models, family, prompt, masked):
     assert torch.equal(by_ids[:, valid], want[:, valid])
 
 
+@needs_qwen_vl
 def test_qwen2_5_videos_default_to_one_second_per_grid(models):
     rows, grids = PROMPTS["video-only"]
     ids, types, mask = _prompt(rows, grids)
@@ -395,7 +372,8 @@ def test_positions_bad_inputs_raise():
                         video_grid_thw=vid)
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_rotation_equals_transformers_rotary_and_apply(models, family):
     """transformers' own cos/sin (its text rotary class) and rotation on get_rope_index positions of a
     left-padded mixed prompt, against the module; valid tokens only."""
@@ -415,12 +393,13 @@ def test_rotation_equals_transformers_rotary_and_apply(models, family):
     # transformers computes the angles in float32: a few float32 ulps of these small angles
     torch.testing.assert_close(got_q.transpose(1, 2)[valid], want_q.transpose(1, 2)[valid], rtol=0, atol=1e-5)
     torch.testing.assert_close(got_k.transpose(1, 2)[valid], want_k.transpose(1, 2)[valid], rtol=0, atol=1e-5)
-    oracle = oracle_rotate(q.double().numpy(), pos.numpy(), 16, SECTION, 10000.0)
+    oracle = mrope_rotate(q.double().numpy(), pos.numpy(), 16, SECTION, 10000.0)
     np.testing.assert_allclose(got_q.double().numpy()[valid.numpy().nonzero()[0], :, valid.numpy().nonzero()[1]],
                                oracle[valid.numpy().nonzero()[0], :, valid.numpy().nonzero()[1]], rtol=0,
                                atol=_tol(q.numpy()))
 
 
+@needs_qwen_vl
 @pytest.mark.skipif(not hasattr(transformers, "Qwen3VLTextConfig"), reason="this transformers has no Qwen3-VL")
 def test_interleaved_sections_equal_qwen3_vl_rotary():
     from transformers.models.qwen3_vl import modeling_qwen3_vl
@@ -458,7 +437,8 @@ def test_mrope_from_hf_reads_v4_config_json(config, want):
     assert core_hf_config.mrope_from_hf(config) == want
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_from_hf_config_reads_v5_configs_whole_or_text(family):
     config = _config(family)
     hf = getattr(FAMILY[family][2], ("Qwen2VL" if family == "qwen2_vl" else "Qwen2_5_VL") + "RotaryEmbedding")(
@@ -503,7 +483,8 @@ def _inputs(family, config):
     return kwargs, mask.bool()
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_patched_model_reproduces_the_models_logits(models, family):
     model = models[family]
     kwargs, valid = _inputs(family, model.config)
@@ -526,7 +507,7 @@ def test_patched_model_reproduces_the_models_logits(models, family):
             # far from position 0 posenc's cos/sin are exact where the model's float32 angles are not
             far = torch.tensor([[[70001, 90003]]]).expand(3, 1, 2)
             cos, _ = rotary(torch.zeros(1, dtype=torch.float32), far)
-            axes = oracle_axes(16, SECTION, False)
+            axes = mrope_axes(16, SECTION, False)
             exact = [math.cos(int(far[axes[j], 0, 1]) * math.pow(10000.0, -2 * j / 16)) for j in range(8)]
             np.testing.assert_allclose(cos[0, 1, :8].double().numpy(), exact, rtol=0, atol=1.2e-7)
         finally:
@@ -540,7 +521,8 @@ def test_patched_model_reproduces_the_models_logits(models, family):
         torch.testing.assert_close(model(**kwargs).logits, want, rtol=0, atol=0)      # restored exactly
 
 
-@pytest.mark.parametrize("family", list(FAMILY))
+@needs_qwen_vl
+@pytest.mark.parametrize("family", FAMILIES)
 def test_patch_text_model_alone(family):
     text_cls = transformers.Qwen2VLTextModel if family == "qwen2_vl" else transformers.Qwen2_5_VLTextModel
     with warnings.catch_warnings():
@@ -570,7 +552,7 @@ def test_attention_takes_per_axis_positions_axes_last():
     types = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])
     pos, _ = mrope_positions(ids, mm_token_type_ids=types, image_grid_thw=torch.tensor([[1, 4, 4]]))   # (3, 1, 7)
     q, k, v = (torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
-    qr, kr = (torch.from_numpy(oracle_rotate(t.numpy(), pos.numpy(), 8, [1, 1, 2], 10000.0)).float() for t in (q, k))
+    qr, kr = (torch.from_numpy(mrope_rotate(t.numpy(), pos.numpy(), 8, [1, 1, 2], 10000.0)).float() for t in (q, k))
     causal = torch.ones(7, 7, dtype=torch.bool).tril()
     want = torch.nn.functional.scaled_dot_product_attention(qr, kr, v, attn_mask=causal)
     with torch.no_grad():
@@ -605,7 +587,7 @@ def test_rows_computed_once_rotate_like_positions(shape):
     for got, ref in zip(m(q, k, cos_sin=rows), m(q, k, positions=pos), strict=True):
         assert torch.equal(got, ref)
     pos3 = pos if pos.dim() == 3 else pos[:, None]
-    want = oracle_rotate(q.numpy(), pos3.expand(3, 2, 6).numpy(), 12, [2, 2, 2], 10000.0)
+    want = mrope_rotate(q.numpy(), pos3.expand(3, 2, 6).numpy(), 12, [2, 2, 2], 10000.0)
     np.testing.assert_allclose(m(q, cos_sin=rows)[0].numpy(), want, rtol=0, atol=_tol(want))
     with pytest.raises(ValueError, match="not both"):
         m(q, k, positions=pos, cos_sin=rows)

@@ -10,6 +10,8 @@
 7. Sinusoidal and RoPE tables (in and past the precomputed rows, up to 2**31) are within one
    float32 ulp of the correctly rounded value derived independently with mpmath (50 digits).
 
+Every test here needs hypothesis (the whole file skips without it); the oracles are in
+``tests/reference/`` and their own sharpness check in ``tests/test_reference.py``.
 Every example is small and the example counts modest: the file runs in seconds on 2 CPU cores.
 Examples are derandomized (reproducible) and no example database is written.
 """
@@ -23,12 +25,16 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-import posenc
-import posenc.kernels.torch_rope as torch_rope
-from posenc.functional import apply_rope, apply_rope_qk, layout_permutation, rope_cos_sin, rope_inv_freq
+pytest.importorskip("hypothesis", reason="the property tests need hypothesis (pip install hypothesis)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import posenc  # noqa: E402
+import posenc.kernels.torch_rope as torch_rope  # noqa: E402
+from posenc.functional import apply_rope, apply_rope_qk, layout_permutation, rope_cos_sin, rope_inv_freq  # noqa: E402
+from tests.reference.oracle import assert_within_one_f32_ulp, sinusoidal_mp  # noqa: E402
+from tests.reference.rope_oracle import cos_sin_rule_mp  # noqa: E402
 
 LAYOUTS = ("half", "interleaved")
 MAX_POS = 10**6
@@ -345,42 +351,6 @@ def test_decoding_one_query_at_a_time_equals_full_causal_attention(data, seed, k
 
 # ---- 7. tables within one float32 ulp of an independent mpmath derivation --------------------------
 
-def _round_f32(x: mpmath.mpf) -> np.float32:
-    """``x`` correctly rounded to float32 (normal range: a 24-bit significand, nearest-even)."""
-    with mpmath.workprec(24):
-        r = +x
-    return np.float32(float(r))                                              # exact: r has 24 bits
-
-
-def _assert_within_one_ulp(got: np.ndarray, truth: list[list[mpmath.mpf]], what: str) -> None:
-    want = np.array([[_round_f32(t) for t in row] for row in truth], dtype=np.float32)
-    assert got.dtype == np.float32 and got.shape == want.shape
-    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
-    ulp = np.spacing(np.abs(want)).astype(np.float64)
-    bad = np.argwhere(err > ulp)
-    assert not bad.size, f"{what}: {len(bad)} values off by more than one ulp, first at {tuple(bad[0])}: " \
-                         f"got {got[tuple(bad[0])]!r}, correctly rounded {want[tuple(bad[0])]!r}"
-
-
-def _mp_pow(base: float, exponent: mpmath.mpf) -> mpmath.mpf:
-    return mpmath.power(mpmath.mpf(base), exponent)
-
-
-def _sinusoidal_truth(p: int, dim: int, base: float, layout: str) -> list[mpmath.mpf]:
-    """One row of the sinusoidal table, from the formulas in the README's conventions table."""
-    if layout == "tensor2tensor":
-        h = dim // 2
-        w = [_mp_pow(base, -mpmath.mpf(j) / max(h - 1, 1)) for j in range(h)]
-        row = [mpmath.sin(p * t) for t in w] + [mpmath.cos(p * t) for t in w]
-        return row + [mpmath.mpf(0)] * (dim % 2)
-    # column c has frequency base^(-2 (c // 2) / d): sin on even c, cos on odd c
-    interleaved = [(mpmath.sin if c % 2 == 0 else mpmath.cos)(p * _mp_pow(base, -mpmath.mpf(2 * (c // 2)) / dim))
-                   for c in range(dim)]
-    if layout == "interleaved":
-        return interleaved
-    return interleaved[0::2] + interleaved[1::2]                             # concat: [sin ... | cos ...]
-
-
 @_settings(40)
 @given(dim=st.integers(1, 12), base=st.sampled_from([10000.0, 500.0, 1e6, 2.0, 3.0]),
        layout=st.sampled_from(["interleaved", "concat", "tensor2tensor"]),
@@ -389,35 +359,10 @@ def test_sinusoidal_table_within_one_ulp_of_mpmath(dim, base, layout, row, offse
     enc = posenc.SinusoidalEncoding(dim, max_seq_len=64, base=base, layout=layout)
     with mpmath.workdps(50):
         got = enc.table_main[row : row + 1].numpy()                          # a precomputed row
-        _assert_within_one_ulp(got, [_sinusoidal_truth(row, dim, base, layout)], f"table row {row}")
+        assert_within_one_f32_ulp(got, [sinusoidal_mp(row, dim, base, layout)], f"table row {row}")
         got = enc.table(3, offset=offset).numpy()                            # past the table: computed
-        truth = [_sinusoidal_truth(p, dim, base, layout) for p in range(offset, offset + 3)]
-        _assert_within_one_ulp(got, truth, f"table(3, offset={offset})")
-
-
-def _rope_truth(positions: list[int], dim: int, base: float, kind: str, factor: float, original: int):
-    """``(cos, sin)`` rows ``a * cos(p theta_i)``, ``theta_i`` from each rule's published formula."""
-    d = mpmath.mpf(dim)
-    theta = [_mp_pow(base, -mpmath.mpf(2 * i) / d) for i in range(dim // 2)]
-    a = mpmath.mpf(1)
-    f = mpmath.mpf(factor)
-    if kind == "linear":                                                     # position interpolation
-        theta = [t / f for t in theta]
-    elif kind == "ntk":                                                      # base * f^(d / (d - 2))
-        new_base = mpmath.mpf(base) * mpmath.power(f, d / (d - 2))
-        theta = [mpmath.power(new_base, -mpmath.mpf(2 * i) / d) for i in range(dim // 2)]
-    elif kind == "yarn":                                                     # NTK-by-parts + temperature
-        def pair_index(rotations):
-            return d * mpmath.log(original / (rotations * 2 * mpmath.pi)) / (2 * mpmath.log(base))
-        low = max(int(mpmath.floor(pair_index(32))), 0)
-        high = min(int(mpmath.ceil(pair_index(1))), dim - 1)
-        width = mpmath.mpf(high - low) if high != low else mpmath.mpf("0.001")
-        ramps = [min(max((i - low) / width, mpmath.mpf(0)), mpmath.mpf(1)) for i in range(dim // 2)]
-        theta = [t / f * r + t * (1 - r) for t, r in zip(theta, ramps, strict=True)]
-        a = mpmath.log(f) / 10 + 1 if factor > 1 else mpmath.mpf(1)
-    cos = [[a * mpmath.cos(p * t) for t in theta] for p in positions]
-    sin = [[a * mpmath.sin(p * t) for t in theta] for p in positions]
-    return cos, sin
+        truth = [sinusoidal_mp(p, dim, base, layout) for p in range(offset, offset + 3)]
+        assert_within_one_f32_ulp(got, truth, f"table(3, offset={offset})")
 
 
 @_settings(40)
@@ -434,20 +379,10 @@ def test_rope_tables_within_one_ulp_of_mpmath(data, dim, base, layout, kind, fac
     in_table = data.draw(st.lists(st.integers(0, P - 1), min_size=2, max_size=2))
     past = data.draw(st.lists(st.one_of(st.integers(0, 2**20), up_to(2**31)), min_size=3, max_size=3))
     with mpmath.workdps(50):
-        cos, sin = _rope_truth(in_table, dim, base, kind, factor, original)
-        _assert_within_one_ulp(rope.cos_table[in_table].numpy(), cos, f"cos_table{in_table}")
-        _assert_within_one_ulp(rope.sin_table[in_table].numpy(), sin, f"sin_table{in_table}")
-        cos, sin = _rope_truth(past, dim, base, kind, factor, original)
+        cos, sin = cos_sin_rule_mp(in_table, dim, base, kind, factor, original)
+        assert_within_one_f32_ulp(rope.cos_table[in_table].numpy(), cos, f"cos_table{in_table}")
+        assert_within_one_f32_ulp(rope.sin_table[in_table].numpy(), sin, f"sin_table{in_table}")
+        cos, sin = cos_sin_rule_mp(past, dim, base, kind, factor, original)
         got_cos, got_sin = rope.cos_sin(torch.tensor(past))
-        _assert_within_one_ulp(got_cos.numpy(), cos, f"cos_sin({past})[0]")
-        _assert_within_one_ulp(got_sin.numpy(), sin, f"cos_sin({past})[1]")
-
-
-def test_rope_table_oracle_can_fail():
-    """The oracle is sharp: a float32-angle cos (what most libraries compute) fails it."""
-    dim, p = 8, 2**20 + 7
-    with mpmath.workdps(50):
-        cos, _ = _rope_truth([p], dim, 10000.0, "none", 1.0, 0)
-        naive = torch.cos(torch.tensor(float(p)) * torch.tensor([10000.0 ** (-2 * i / dim) for i in range(dim // 2)]))
-        with pytest.raises(AssertionError):
-            _assert_within_one_ulp(naive[None].numpy(), cos, "naive")
+        assert_within_one_f32_ulp(got_cos.numpy(), cos, f"cos_sin({past})[0]")
+        assert_within_one_f32_ulp(got_sin.numpy(), sin, f"cos_sin({past})[1]")

@@ -3,15 +3,15 @@ independent oracle written from the formulas, exactness per dtype, parity with d
 ViTMAE / timm, and module mechanics."""
 
 import math
-from fractions import Fraction
 
-import mpmath
 import numpy as np
 import pytest
 import torch
 
 from posenc.functional.sincos_nd import sincos_table_nd
 from posenc.nn.sincos_nd import SinusoidalEncodingND
+from tests.reference.grid_oracle import sincos_nd as oracle
+from tests.reference.grid_oracle import sincos_nd_mp as mp_value
 from tests.reference.oracle import ulps
 from tests.reference.timm_layers import timm_layer
 
@@ -19,73 +19,7 @@ HALF = [torch.bfloat16, torch.float16]
 ALL_DTYPES = [torch.float32, *HALF]
 
 
-# ---- independent oracles ------------------------------------------------------------------------
-
-
-def _scale(n, base_size, interp):
-    """Exact factor from cell index to position on an axis of ``n`` cells: 1 / interp or base_size / (n * interp)."""
-    return Fraction(1) / Fraction(interp) * (Fraction(base_size) / n if base_size is not None else 1)
-
-
-def _positions(n, base_size, interp):
-    """Positions of an axis of ``n`` cells as exact fractions."""
-    return [i * _scale(n, base_size, interp) for i in range(n)]
-
-
-def _block(pos, count, base):
-    """1-D [sin | cos] block with ``count`` frequencies base^(-k / count), float64 -> (n, 2 * count)."""
-    f = np.power(float(base), -np.arange(count) / count)
-    angle = np.asarray([float(p) for p in pos])[:, None] * f
-    return np.sin(angle), np.cos(angle)
-
-
-def oracle(grid, dim, *, order="mae", base=10000.0, prefix=0, base_size=None, interp=1.0):
-    """Float64 table straight from the stated conventions (row-major tokens, per-axis blocks)."""
-    nd = len(grid)
-    bs = base_size if isinstance(base_size, (tuple, list)) or base_size is None else (base_size,) * nd
-    it = interp if isinstance(interp, (tuple, list)) else (interp,) * nd
-    pos = [_positions(n, None if bs is None else bs[a], it[a]) for a, n in enumerate(grid)]
-    idx = [g.reshape(-1) for g in np.meshgrid(*[np.arange(n) for n in grid], indexing="ij")]  # row-major
-    if nd == 2:
-        (h, w), q = idx, dim // 4
-        sh, ch = (b[h] for b in _block(pos[0], q, base))
-        sw, cw = (b[w] for b in _block(pos[1], q, base))
-        cols = [sw, cw, sh, ch] if order == "mae" else [sh, sw, ch, cw]
-    elif nd == 3:
-        t, h, w = idx
-        st, ct = (b[t] for b in _block(pos[0], dim // 8, base))
-        q = 3 * dim // 16
-        sh, ch = (b[h] for b in _block(pos[1], q, base))
-        sw, cw = (b[w] for b in _block(pos[2], q, base))
-        cols = [st, ct, sw, cw, sh, ch]
-    else:
-        cols = list(_block(pos[0], dim // 2, base))
-    table = np.concatenate(cols, axis=1)
-    return np.concatenate([np.zeros((prefix, dim)), table])
-
-
-def mp_value(grid, dim, token, col, *, base=10000.0, base_size=None, interp=1.0):
-    """One entry of the mae-order table from mpmath at 200 bits, with exact rational positions."""
-    mpmath.mp.prec = 200
-    nd = len(grid)
-    bs = base_size if isinstance(base_size, tuple) or base_size is None else (base_size,) * nd
-    it = interp if isinstance(interp, tuple) else (interp,) * nd
-    coords = [int(c) for c in np.unravel_index(token, grid)]
-    if nd == 2:
-        q = dim // 4
-        blocks = [(1, q, "sin"), (1, q, "cos"), (0, q, "sin"), (0, q, "cos")]
-    elif nd == 3:
-        q = 3 * dim // 16
-        blocks = [(0, dim // 8, "sin"), (0, dim // 8, "cos"), (2, q, "sin"), (2, q, "cos"), (1, q, "sin"), (1, q, "cos")]
-    else:
-        blocks = [(0, dim // 2, "sin"), (0, dim // 2, "cos")]
-    for axis, count, fn in blocks:
-        if col < count:
-            p = coords[axis] * _scale(grid[axis], None if bs is None else bs[axis], it[axis])
-            angle = mpmath.mpf(p.numerator) / p.denominator * mpmath.power(mpmath.mpf(base), -mpmath.mpf(col) / count)
-            return mpmath.sin(angle) if fn == "sin" else mpmath.cos(angle)
-        col -= count
-    raise AssertionError("column out of range")
+# ---- comparisons (the oracles are in tests/reference/grid_oracle.py) ----------------------------
 
 
 def assert_within_one_ulp(got: torch.Tensor, truth: np.ndarray, dtype):

@@ -7,28 +7,13 @@ keras = pytest.importorskip("keras")
 from keras import ops  # noqa: E402
 
 from posenc.keras.axial_rotary import AxialRotaryEmbedding  # noqa: E402
+from tests.reference.grid_oracle import axial_rotate  # noqa: E402
 
 
 def np_(t):
     return np.asarray(ops.convert_to_numpy(t))
 
 
-def oracle(x, positions, axes_dims, base, layout):
-    """Rotate float64 ``x (B, H, S, D)`` block by block from the formula."""
-    x = np.asarray(x, dtype=np.float64)
-    p = np.asarray(positions, dtype=np.float64)
-    out, off = x.copy(), 0
-    for a, d in enumerate(axes_dims):
-        i = np.arange(d // 2)
-        ang = p[..., a : a + 1] * base ** (-2.0 * i / d)
-        if ang.ndim == 3:
-            ang = ang[:, None]                                        # (B, 1, S, d/2)
-        i1, i2 = (off + 2 * i, off + 2 * i + 1) if layout == "interleaved" else (off + i, off + d // 2 + i)
-        x1, x2 = x[..., i1], x[..., i2]
-        out[..., i1] = x1 * np.cos(ang) - x2 * np.sin(ang)
-        out[..., i2] = x2 * np.cos(ang) + x1 * np.sin(ang)
-        off += d
-    return out
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
@@ -41,8 +26,8 @@ def test_matches_oracle_inside_and_outside_table(layout, batched):
     k = rng.standard_normal((2, 1, 5, 12)).astype("float32")
     layer = AxialRotaryEmbedding(axes_dims, base=base, layout=layout, max_positions=16)
     qo, ko = layer(q, k, positions=pos)
-    np.testing.assert_allclose(np_(qo), oracle(q, pos, axes_dims, base, layout), rtol=0, atol=3e-6)
-    np.testing.assert_allclose(np_(ko), oracle(k, pos, axes_dims, base, layout), rtol=0, atol=3e-6)
+    np.testing.assert_allclose(np_(qo), axial_rotate(q, pos, axes_dims, layout, base), rtol=0, atol=3e-6)
+    np.testing.assert_allclose(np_(ko), axial_rotate(k, pos, axes_dims, layout, base), rtol=0, atol=3e-6)
     np.testing.assert_array_equal(np_(qo)[..., 10:], q[..., 10:])
 
 
@@ -52,7 +37,7 @@ def test_seq_dim_1_and_cos_sin_rows():
     q = rng.standard_normal((1, 3, 2, 8)).astype("float32")                              # (B, S, H, D)
     layer = AxialRotaryEmbedding((4, 4))
     got = np_(layer(q, positions=pos, seq_dim=1))
-    ref = oracle(q.transpose(0, 2, 1, 3), pos, (4, 4), 10000.0, "interleaved").transpose(0, 2, 1, 3)
+    ref = axial_rotate(q.transpose(0, 2, 1, 3), pos, (4, 4), "interleaved", 10000.0).transpose(0, 2, 1, 3)
     np.testing.assert_allclose(got, ref, rtol=0, atol=3e-6)
     cos, sin = layer.cos_sin(pos)
     np.testing.assert_allclose(np_(cos)[1], np.cos([1, 0.01, 2, 0.02]), rtol=0, atol=1e-7)

@@ -7,6 +7,9 @@ Runs on the backend named by KERAS_BACKEND, like test_keras_layers.py.
 import numpy as np
 import pytest
 
+from tests.reference.oracle import sinusoidal_f64  # noqa: E402
+from tests.reference.rope_oracle import default, rotate_np  # noqa: E402
+
 keras = pytest.importorskip("keras")
 from keras import ops  # noqa: E402
 
@@ -23,19 +26,13 @@ def np_(t):
 
 
 def sinusoidal_ref(positions, dim, base=10000.0):
-    """Float64 interleaved table rows for integer ``positions (...)`` -> ``(..., dim)``."""
-    j = np.arange(dim)
-    angle = np.asarray(positions, dtype=np.float64)[..., None] / np.power(base, 2 * (j // 2) / dim)
-    return np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    """The reference table rows (tests/reference/oracle.py) for integer ``positions (...)`` -> ``(..., dim)``."""
+    return sinusoidal_f64(positions, dim, base)
 
 
 def rope_ref(x, positions, dim, base=10000.0):
-    """Float64 "half"-layout rotation of ``x (..., S, D)`` by ``positions (S,)``."""
-    h = dim // 2
-    angle = np.asarray(positions, dtype=np.float64)[:, None] * np.power(base, -np.arange(0, dim, 2) / dim)
-    cos, sin = np.cos(angle), np.sin(angle)
-    x1, x2 = x[..., :h].astype(np.float64), x[..., h:dim].astype(np.float64)
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., dim:]], axis=-1)
+    """The reference "half"-layout rotation (tests/reference/rope_oracle.py) of the first ``dim`` features."""
+    return rotate_np(x, positions, default(dim, base), "half")
 
 
 def backend_holds_int64():

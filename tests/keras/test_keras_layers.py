@@ -14,6 +14,7 @@ from keras import ops  # noqa: E402
 
 import posenc.keras as pk  # noqa: E402
 from tests.conftest import load_golden  # noqa: E402
+from tests.reference.oracle import sinusoidal_f64  # noqa: E402
 
 BACKEND = keras.backend.backend()
 
@@ -23,10 +24,8 @@ def np_(t):
 
 
 def exact_table(length, dim, base=10000.0, offset=0):
-    p = np.arange(offset, offset + length, dtype=np.float64)[:, None]
-    j = np.arange(dim)
-    angle = p / np.power(base, 2 * (j // 2) / dim)
-    return np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    """The reference table (tests/reference/oracle.py) of positions ``offset .. offset + length - 1``."""
+    return sinusoidal_f64(np.arange(offset, offset + length), dim, base)
 
 
 def test_backend_is_the_requested_one():

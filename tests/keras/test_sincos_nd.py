@@ -12,6 +12,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from keras import ops  # noqa: E402
 
 from posenc.keras.sincos_nd import SinusoidalEncodingND  # noqa: E402
+from tests.reference.grid_oracle import sincos_nd as oracle  # noqa: E402
 
 BACKEND = keras.backend.backend()
 
@@ -20,25 +21,6 @@ def np_(t):
     return np.asarray(ops.convert_to_numpy(t))
 
 
-def oracle(grid, dim, *, order="mae", base=10000.0, prefix=0, base_size=None, interp=1.0):
-    """Float64 table from the conventions: row-major tokens; 2-D [sin w|cos w|sin h|cos h] (mae) or
-    [sin h|sin w|cos h|cos w] (timm); 3-D [sin t|cos t] over D/4 columns, then the 2-D table of 3D/4."""
-    nd = len(grid)
-    it = interp if isinstance(interp, tuple) else (interp,) * nd
-    coords = [g.reshape(-1) for g in np.meshgrid(*[np.arange(n) for n in grid], indexing="ij")]
-
-    def sc(axis, count):
-        pos = coords[axis] / it[axis] * (base_size / grid[axis] if base_size is not None else 1.0)
-        angle = pos[:, None] * np.power(base, -np.arange(count) / count)
-        return np.sin(angle), np.cos(angle)
-
-    if nd == 2:
-        (sh, ch), (sw, cw) = sc(0, dim // 4), sc(1, dim // 4)
-        cols = [sw, cw, sh, ch] if order == "mae" else [sh, sw, ch, cw]
-    else:
-        (st, ct), (sh, ch), (sw, cw) = sc(0, dim // 8), sc(1, 3 * dim // 16), sc(2, 3 * dim // 16)
-        cols = [st, ct, sw, cw, sh, ch]
-    return np.concatenate([np.zeros((prefix, dim)), np.concatenate(cols, axis=1)])
 
 
 def f32_ulp(v):

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 
-def default(dim, base):
+def default(dim, base=10000.0):
     return np.array([base ** (-2 * i / dim) for i in range(dim // 2)])
 
 
@@ -80,16 +80,97 @@ def cos_sin_mp(positions, freqs):
     return cos, sin
 
 
-def rotate(x: torch.Tensor, positions, freqs, layout: str) -> torch.Tensor:
-    """Explicit per-pair 2x2 rotation in float64 (RoFormer eq. 14), rotary dim = 2 * len(freqs)."""
-    x = x.double().clone()
-    h = len(freqs)
-    pos = torch.as_tensor(positions, dtype=torch.float64)
-    for i, f in enumerate(freqs):
-        a, b = (i, i + h) if layout == "half" else (2 * i, 2 * i + 1)
-        angle = pos * float(f)                      # broadcast over the sequence axis (-2)
-        c, s = torch.cos(angle)[:, None], torch.sin(angle)[:, None]
-        x1, x2 = x[..., a : a + 1].clone(), x[..., b : b + 1].clone()
-        x[..., a : a + 1] = x1 * c - x2 * s
-        x[..., b : b + 1] = x2 * c + x1 * s
+def cos_sin(positions, freqs) -> tuple[np.ndarray, np.ndarray]:
+    """``(..., len(freqs))`` float64 cos and sin of ``p * f`` for positions of any shape (RoFormer eq. 14)."""
+    angle = np.asarray(positions, dtype=np.float64)[..., None] * np.asarray(freqs, dtype=np.float64)
+    return np.cos(angle), np.sin(angle)
+
+
+def rotate_pairs(x, angle, first, second) -> np.ndarray:
+    """Rotate the feature pairs ``(x[..., first], x[..., second])`` by ``angle`` in float64 (RoFormer eq. 14):
+    ``(x1 cos - x2 sin, x2 cos + x1 sin)``; ``angle`` broadcasts against ``x[..., first]``."""
+    x = (x.detach().double().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)).copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        c, s = np.cos(angle), np.sin(angle)
+        a, b = x[..., first].copy(), x[..., second].copy()
+        x[..., first], x[..., second] = a * c - b * s, b * c + a * s
     return x
+
+
+def pair_indices(rotary_dim: int, layout: str) -> tuple[list[int], list[int]]:
+    """Feature indices of the rotary pairs: ``(i, i + d/2)`` ("half") or ``(2i, 2i + 1)`` ("interleaved")."""
+    h = rotary_dim // 2
+    if layout == "half":
+        return list(range(h)), list(range(h, rotary_dim))
+    return list(range(0, rotary_dim, 2)), list(range(1, rotary_dim, 2))
+
+
+def rotate_np(x, positions, freqs, layout: str = "half") -> np.ndarray:
+    """Explicit per-pair 2x2 rotation in float64 (RoFormer eq. 14) of the first ``2 * len(freqs)`` features of
+    ``x (..., S, D)`` at positions ``(S,)``, or ``(B, S)`` (one row per leading batch entry of ``x``)."""
+    freqs = np.asarray(freqs, dtype=np.float64)
+    p = np.asarray(positions, dtype=np.float64)
+    angle = p[..., None] * freqs                                          # (S, h) or (B, S, h)
+    if p.ndim == 2:
+        angle = angle.reshape(angle.shape[0], *([1] * (np.ndim(x) - 3)), *angle.shape[1:])
+    return rotate_pairs(x, angle, *pair_indices(2 * len(freqs), layout))
+
+
+def rotate(x: torch.Tensor, positions, freqs, layout: str) -> torch.Tensor:
+    """:func:`rotate_np` as a float64 tensor."""
+    return torch.from_numpy(rotate_np(x, positions, freqs, layout))
+
+
+def convert_weight(w: np.ndarray, heads: int, src: str, dst: str, rot: int | None = None) -> np.ndarray:
+    """Rows of a q/k projection moved between layouts, head by head: interleaved -> half takes rows
+    ``[0, 2, 4, .., 1, 3, ..]`` of each head's rotary part (the pairing of RoFormer eq. 14 in each layout)."""
+    hd = w.shape[0] // heads
+    rot = hd if rot is None else rot
+    perm = [*range(0, rot, 2), *range(1, rot, 2)]
+    if src == dst:
+        order = list(range(rot))
+    elif src == "interleaved":
+        order = perm
+    else:
+        order = list(np.argsort(perm))
+    index = [h * hd + i for h in range(heads) for i in [*order, *range(rot, hd)]]
+    return w[index]
+
+
+def rms_norm_rope(x: torch.Tensor, w, positions, *, token: bool = False, offset: float = 0.0, eps: float = 1e-6,
+                  layout: str = "half", base: float = 10000.0) -> np.ndarray:
+    """``x (B, H, S, D)`` -> RoPE(x * rsqrt(mean(x^2) + eps) * (offset + w)) in float64 (RMSNorm, Zhang and
+    Sennrich 2019, of each head, or of the whole token when ``token``; then RoFormer's rotation)."""
+    xd = x.detach().double()
+    axes = (1, 3) if token else (3,)
+    n = xd * torch.rsqrt(xd.pow(2).mean(axes, keepdim=True) + eps)
+    wd = torch.as_tensor(w, dtype=torch.float64)
+    scale = (offset + wd).reshape(x.shape[1], 1, x.shape[3]) if token else offset + wd
+    return rotate_np(n * scale, positions, default(x.shape[-1], base), layout)
+
+
+def cos_sin_rule_mp(positions: list[int], dim: int, base: float, kind: str, factor: float, original: int):
+    """``(cos, sin)`` rows ``a * cos(p theta_i)`` in mpmath (at the caller's precision), ``theta_i`` from each
+    rule's published formula: "none" (RoFormer), "linear" (PI), "ntk" (base * f^(d / (d - 2))) or "yarn"
+    (NTK-by-parts with YaRN's temperature ``a = 0.1 ln f + 1``)."""
+    d = mpmath.mpf(dim)
+    theta = [mpmath.power(mpmath.mpf(base), -mpmath.mpf(2 * i) / d) for i in range(dim // 2)]
+    a = mpmath.mpf(1)
+    f = mpmath.mpf(factor)
+    if kind == "linear":                                                     # position interpolation
+        theta = [t / f for t in theta]
+    elif kind == "ntk":                                                      # base * f^(d / (d - 2))
+        new_base = mpmath.mpf(base) * mpmath.power(f, d / (d - 2))
+        theta = [mpmath.power(new_base, -mpmath.mpf(2 * i) / d) for i in range(dim // 2)]
+    elif kind == "yarn":                                                     # NTK-by-parts + temperature
+        def pair_index(rotations):
+            return d * mpmath.log(original / (rotations * 2 * mpmath.pi)) / (2 * mpmath.log(base))
+        low = max(int(mpmath.floor(pair_index(32))), 0)
+        high = min(int(mpmath.ceil(pair_index(1))), dim - 1)
+        width = mpmath.mpf(high - low) if high != low else mpmath.mpf("0.001")
+        ramps = [min(max((i - low) / width, mpmath.mpf(0)), mpmath.mpf(1)) for i in range(dim // 2)]
+        theta = [t / f * r + t * (1 - r) for t, r in zip(theta, ramps, strict=True)]
+        a = mpmath.log(f) / 10 + 1 if factor > 1 else mpmath.mpf(1)
+    cos = [[a * mpmath.cos(p * t) for t in theta] for p in positions]
+    sin = [[a * mpmath.sin(p * t) for t in theta] for p in positions]
+    return cos, sin

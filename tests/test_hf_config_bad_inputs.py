@@ -1,0 +1,82 @@
+"""Bad inputs of rope_scaling_from_hf, rope_layout_from_hf.
+
+Each case either matches an independent float64 reference from ``tests/reference/`` or raises
+``ValueError``/``TypeError`` naming the offending argument; any other exception or any warning fails it
+(``tests/bad_inputs.py``).  ``tests/test_bad_inputs.py`` walks every public name against these cases.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import posenc
+from posenc import (
+    DynamicNTKScaling,
+    LongRopeScaling,
+    YarnScaling,
+)
+from tests.bad_inputs import (
+    BASE,
+    NAN,
+    Cases,
+    run_case,
+)
+
+CASES = Cases()
+bad, good = CASES.bad, CASES.good
+
+
+_HF = {"head_dim": 8, "max_position_embeddings": 32}
+for _id, _cfg, _exc, _match in [
+    ("config-none", None, TypeError, "config must be a transformers PretrainedConfig or a dict"),
+    ("config-list", [("head_dim", 8)], TypeError, "config must be a transformers PretrainedConfig or a dict"),
+    ("head_dim-float", {"head_dim": 8.5}, TypeError, "head_dim must be an int"),
+    ("head_dim-missing", {"rope_theta": 10.0}, ValueError, "config needs head_dim"),
+    ("rope_theta-nan", {**_HF, "rope_theta": NAN}, ValueError, "rope_theta must be finite"),
+    ("rope_theta-str", {**_HF, "rope_theta": "1e4"}, TypeError, "rope_theta must be a real number"),
+    ("partial-2", {**_HF, "partial_rotary_factor": 2.0}, ValueError, "partial_rotary_factor must be in"),
+    ("rope_scaling-list", {**_HF, "rope_scaling": [1]}, ValueError, "rope_scaling/rope_parameters must be a dict"),
+    ("rope_type", {**_HF, "rope_scaling": {"rope_type": "ntk-by-parts"}}, ValueError, "unknown rope scaling type"),
+    ("linear-factor-missing", {**_HF, "rope_scaling": {"type": "linear"}}, ValueError, "needs 'factor'"),
+    ("linear-factor-str", {**_HF, "rope_scaling": {"type": "linear", "factor": "2"}}, TypeError, "factor must be a real"),
+    ("linear-factor-list", {**_HF, "rope_scaling": {"type": "linear", "factor": [2]}}, TypeError, "factor must be a real"),
+    ("linear-factor-nan", {**_HF, "rope_scaling": {"type": "linear", "factor": NAN}}, ValueError, "factor must be finite"),
+    ("dynamic-max-pos-str", {"head_dim": 8, "max_position_embeddings": "4k", "rope_scaling": {"type": "dynamic", "factor": 2}},
+     TypeError, "max_position_embeddings must be an int"),
+    ("yarn-max-pos-str", {"head_dim": 8, "max_position_embeddings": "4k", "original_max_position_embeddings": 16,
+                          "rope_scaling": {"type": "yarn"}}, TypeError, "max_position_embeddings must be an int"),
+    ("yarn-original-fraction", {**_HF, "original_max_position_embeddings": 4.5, "rope_scaling": {"type": "yarn"}},
+     TypeError, "original_max_position_embeddings must be an int"),
+    ("yarn-beta-str", {**_HF, "rope_scaling": {"type": "yarn", "factor": 2, "beta_fast": "32"}}, TypeError,
+     "beta_fast must be a real number"),
+    ("yarn-truncate-str", {**_HF, "rope_scaling": {"type": "yarn", "factor": 2, "truncate": "no"}}, TypeError,
+     "truncate must be a bool"),
+    ("llama3-low-str", {**_HF, "rope_scaling": {"type": "llama3", "factor": 2, "low_freq_factor": "1", "high_freq_factor": 4}},
+     TypeError, "low_freq_factor must be a real number"),
+    ("longrope-factors-int", {**_HF, "rope_scaling": {"type": "longrope", "short_factor": 5, "long_factor": 5}}, TypeError,
+     "short_factor must be a sequence of numbers"),
+    ("proportional-factor-str", {**_HF, "rope_scaling": {"type": "proportional", "factor": "2"}}, TypeError,
+     "factor must be a real number"),
+    ("mrope", {**_HF, "rope_scaling": {"type": "default", "mrope_section": [2, 1, 1]}}, ValueError, "mrope_section"),
+]:
+    bad("rope_scaling_from_hf", _id, lambda c=_cfg: posenc.rope_scaling_from_hf(c), _exc, _match)
+for _id, _cfg, _want in [
+    ("max-pos-whole-float", {**_HF, "max_position_embeddings": 32.0, "rope_scaling": {"type": "dynamic", "factor": 2}},
+     (BASE, 8, DynamicNTKScaling(2.0, 32))),
+    ("yarn-truncate-null", {**_HF, "original_max_position_embeddings": 16, "rope_scaling": {"type": "yarn", "truncate": None}},
+     (BASE, 8, YarnScaling(2.0, 16, truncate=False))),
+    ("longrope-lists", {**_HF, "original_max_position_embeddings": 16,
+                        "rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [2, 2, 2, 2]}},
+     (BASE, 8, LongRopeScaling((1.0,) * 4, (2.0,) * 4, 16, factor=2.0))),
+]:
+    good("rope_scaling_from_hf", _id, lambda c=_cfg: posenc.rope_scaling_from_hf(c),
+         lambda got, w=_want: (got == w) or pytest.fail(f"{got} != {w}"))
+bad("rope_layout_from_hf", "config-none", lambda: posenc.rope_layout_from_hf(None), TypeError, "config must be a transformers")
+bad("rope_layout_from_hf", "config-str", lambda: posenc.rope_layout_from_hf("gptj"), TypeError, "config must be a transformers")
+good("rope_layout_from_hf", "model-type-unhashable", lambda: posenc.rope_layout_from_hf({"model_type": ["gptj"]}),
+     lambda got: (got == "half") or pytest.fail(got))
+
+
+@pytest.mark.parametrize("name, thunk, error, check", CASES.params)
+def test_bad_input(name, thunk, error, check):
+    run_case(thunk, error, check)
