@@ -17,6 +17,12 @@ To turn the warnings into errors (e.g. in a test suite)::
 
 from __future__ import annotations
 
+import sys
+import warnings
+from typing import Any
+
+from posenc._deprecate import UNSET, renamed
+
 __all__ = ["LOGGER_NAME", "LayoutWarning"]
 
 #: The name of the logger posenc writes its notices to.
@@ -40,3 +46,30 @@ class LayoutWarning(UserWarning):
         >>> caught[0].category.__name__, issubclass(LayoutWarning, UserWarning)
         ('LayoutWarning', True)
     """
+
+
+_INTERNAL_PACKAGES = ("posenc", "torch", "keras")
+
+
+def caller_stacklevel() -> int:
+    """``stacklevel`` for a warning raised by the calling function that points at the first frame
+    outside posenc, torch and keras: the user's line, also through ``Module.__call__``."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _INTERNAL_PACKAGES:
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def renamed_in_call(where: str, old: str, new: str, old_value: Any, new_value: Any, default: Any) -> Any:
+    """:func:`posenc._deprecate.renamed` for a keyword of ``forward`` (reached through the framework's
+    ``__call__``): the same value, error and message, the warning attributed to the user's line."""
+    if old_value is UNSET or new_value is not default:
+        return renamed(where, old, new, old_value, new_value, default)           # the new value, or the TypeError
+    warnings.warn(
+        f"{where}: {old}= is deprecated and will be removed in the next release; pass {new}= instead",
+        DeprecationWarning,
+        stacklevel=caller_stacklevel(),
+    )
+    return old_value
