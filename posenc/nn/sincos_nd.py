@@ -192,7 +192,7 @@ class SinusoidalEncodingND(TableModule):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.grid_shape}, {self.dim}, base={self.base:g}, prefix_tokens={self.prefix_tokens}, "
+            f"grid_shape={self.grid_shape}, dim={self.dim}, base={self.base:g}, prefix_tokens={self.prefix_tokens}, "
             f"order={self.order!r}, base_size={self.base_size}, interpolation_scale={self.interpolation_scale}, "
             f"scale={self.scale:g}"
         )
