@@ -286,7 +286,7 @@ class _HFMropeTables(torch.nn.Module):
             position_ids = position_ids[None]
         position_ids = position_ids.expand(3, -1, -1).movedim(0, -1)                 # (B, S, 3)
         work = torch.float64 if dtype == torch.float64 else torch.float32
-        cos, sin = self.rope.cos_sin(position_ids, dtype=work, assume_in_table=self.assume_in_table and
+        cos, sin = self.rope.cos_sin(position_ids, dtype=work, assume_valid=self.assume_in_table and
                                      work == torch.float32)
         return torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
 
