@@ -62,14 +62,18 @@ def caller_stacklevel() -> int:
     return level
 
 
-def renamed_in_call(where: str, old: str, new: str, old_value: Any, new_value: Any, default: Any) -> Any:
-    """:func:`posenc._deprecate.renamed` for a keyword of ``forward`` (reached through the framework's
-    ``__call__``): the same value, error and message, the warning attributed to the user's line."""
+def renamed_in_call(where: str, old: str, new: str, old_value: Any, new_value: Any, default: Any, *,
+                    tracing: bool = False) -> Any:
+    """:func:`posenc._deprecate.renamed` for a keyword of a method that may run through the framework's
+    ``__call__`` (``forward``) or inside a compiled graph: the same value, error and message, the
+    warning attributed to the user's line.  While ``tracing`` (``torch.compile``, ``torch.export``,
+    which cannot trace a warning) the old name is accepted without one."""
     if old_value is UNSET or new_value is not default:
         return renamed(where, old, new, old_value, new_value, default)           # the new value, or the TypeError
-    warnings.warn(
-        f"{where}: {old}= is deprecated and will be removed in the next release; pass {new}= instead",
-        DeprecationWarning,
-        stacklevel=caller_stacklevel(),
-    )
+    if not tracing:
+        warnings.warn(
+            f"{where}: {old}= is deprecated and will be removed in the next release; pass {new}= instead",
+            DeprecationWarning,
+            stacklevel=caller_stacklevel(),
+        )
     return old_value

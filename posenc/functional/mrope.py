@@ -46,15 +46,19 @@ def check_mrope_positions(positions: object, where: str = "positions") -> torch.
     ``(3, 3)``, is read axes last.  ``where`` names the caller in that warning.
     """
     positions = check_positions("positions", positions)
-    if positions.dim() >= 2 and positions.shape[0] == 3 and positions.shape[-1] != 3:
+    # Read without a guard on a dynamic length (torch.compile, torch.export): the new order has a
+    # static last dim of 3, the old one a static first dim of 3 (a traced (3, S) stays axes first).
+    first, last = (positions.shape[0], positions.shape[-1]) if positions.dim() >= 2 else (None, None)
+    if not (type(last) is int and last == 3) and type(first) is int and first == 3:
         shape = tuple(positions.shape)
-        warnings.warn(
-            f"{where}: M-RoPE positions of shape {shape} have the axes t, h, w first, an order that is deprecated "
-            f"and will be refused in the next release; pass them axes last, positions.movedim(0, -1) (shape "
-            f"{shape[1:] + (3,)})",
-            DeprecationWarning,
-            stacklevel=caller_stacklevel(),
-        )
+        if not torch.compiler.is_compiling():                              # a traced graph cannot warn
+            warnings.warn(
+                f"{where}: M-RoPE positions of shape {shape} have the axes t, h, w first, an order that is "
+                f"deprecated and will be refused in the next release; pass them axes last, positions.movedim(0, -1) "
+                f"(shape {shape[1:] + (3,)})",
+                DeprecationWarning,
+                stacklevel=caller_stacklevel(),
+            )
         positions = positions.movedim(0, -1)
     if positions.dim() < 2 or positions.shape[-1] != 3:
         if positions.dim() >= 2 and positions.shape[-1] == 4:
@@ -63,8 +67,8 @@ def check_mrope_positions(positions: object, where: str = "positions") -> torch.
             fix = "drop the first row (text positions kept for the attention mask) and put the axes last with " \
                   "positions[1:].movedim(0, -1)"
         else:
-            fix = "stack the t, h, w positions last, e.g. positions.unsqueeze(-1).expand(*positions.shape, 3) for text-only " \
-                  "(B, S) positions"
+            fix = "stack the t, h, w positions last, e.g. positions.unsqueeze(-1).expand(*positions.shape, 3) " \
+                  "for text-only (B, S) positions"
         raise ValueError(f"positions must have shape (S, 3) or (B, S, 3), axes t, h, w last; got "
                          f"{tuple(positions.shape)}; {fix}")
     return positions

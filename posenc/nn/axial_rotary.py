@@ -230,8 +230,9 @@ class AxialRotaryEmbedding(TableModule):
         promises that every coordinate lies in ``[0, max_seq_len)`` (no device read);
         ``assume_in_table`` is its old name (deprecated).
         """
-        assume_valid = renamed("AxialRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid", assume_in_table,
-                               assume_valid, False)
+        assume_valid = renamed_in_call("AxialRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         _validate.check_bool("assume_valid", assume_valid)
         check_float_dtype("dtype", dtype)
         positions = functional_axial.check_axial_positions("positions", positions, self.n_axes)
@@ -306,8 +307,9 @@ class AxialRotaryEmbedding(TableModule):
                 their range is not read from the device (the lookup stays bounds-checked).
             assume_in_table: old name of ``assume_valid`` (deprecated).
         """
-        assume_valid = renamed_in_call("AxialRotaryEmbedding", "assume_in_table", "assume_valid", assume_in_table,
-                                       assume_valid, False)
+        assume_valid = renamed_in_call("AxialRotaryEmbedding", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         sd = check_qk(q, k, seq_dim, self.dim)
         _validate.check_bool("inplace", inplace)
         _validate.check_bool("assume_valid", assume_valid)
@@ -333,8 +335,9 @@ class AxialRotaryEmbedding(TableModule):
         assume_in_table: Any = UNSET,
     ) -> torch.Tensor:
         """Rotate one tensor (queries or keys) at its own positions; see :meth:`forward`."""
-        assume_valid = renamed("AxialRotaryEmbedding.rotate", "assume_in_table", "assume_valid", assume_in_table,
-                               assume_valid, False)
+        assume_valid = renamed_in_call("AxialRotaryEmbedding.rotate", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         return self.forward(x, None, positions=positions, cos_sin=cos_sin, seq_dim=seq_dim, inplace=inplace,
                             assume_valid=assume_valid)[0]
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
 from posenc._torch.angles import exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import (
@@ -208,8 +208,9 @@ class MultimodalRotaryEmbedding(TableModule):
         ``[0, max_seq_len)`` (no device read; the lookup stays bounds-checked); ``assume_in_table``
         is its old name (deprecated).
         """
-        assume_valid = renamed("MultimodalRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid",
-                               assume_in_table, assume_valid, False)
+        assume_valid = renamed_in_call("MultimodalRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         positions = check_mrope_positions(positions, "MultimodalRotaryEmbedding.cos_sin")
         if positions.device != self.cos_table.device:
             check_same_device("positions", positions, "the tables", self.cos_table.device)
@@ -279,8 +280,9 @@ class MultimodalRotaryEmbedding(TableModule):
                 range is not read from the device (the lookup stays bounds-checked).
             assume_in_table: old name of ``assume_valid`` (deprecated).
         """
-        assume_valid = renamed_in_call("MultimodalRotaryEmbedding", "assume_in_table", "assume_valid", assume_in_table,
-                                       assume_valid, False)
+        assume_valid = renamed_in_call("MultimodalRotaryEmbedding", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         sd = check_qk(q, k, seq_dim, self.dim)
         _validate.check_bool("inplace", inplace)
         _validate.check_bool("assume_valid", assume_valid)
