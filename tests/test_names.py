@@ -267,3 +267,23 @@ def test_sincos_nd_bad_arguments_are_not_read_as_the_old_order():
         _no_warning(SinusoidalEncodingND, 8, 16)                                     # two ints: no grid at all
     with pytest.raises((TypeError, ValueError)):
         _no_warning(SinusoidalEncodingND, True, (2, 2))                              # a bool is no dim
+
+
+# ---- inside torch.compile: the old names still work (a traced graph cannot warn) ---------------------------
+
+
+def test_old_names_and_order_compile_in_one_graph():
+    m = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=16)
+    axial = AxialRotaryEmbedding((4, 4), max_seq_len=8)
+    q = torch.randn(1, 2, 7, 8)
+    grid = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1], [3, 3]])
+
+    def old(q, p, g):
+        return m(q, positions=p.T, assume_in_table=True)[0], axial.rotate(q, positions=g, assume_in_table=True)
+
+    def new(q, p, g):
+        return m(q, positions=p, assume_valid=True)[0], axial.rotate(q, positions=g, assume_valid=True)
+
+    got = torch.compile(old, backend="aot_eager", fullgraph=True)(q, P, grid)
+    _same(got, torch.compile(new, backend="aot_eager", fullgraph=True)(q, P, grid))
+    torch.testing.assert_close(got, new(q, P, grid), rtol=0, atol=1e-6)
