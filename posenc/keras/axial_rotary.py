@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import keras
 import numpy as np
@@ -45,10 +44,10 @@ class AxialRotaryEmbedding(PositionsLayer):
     _position_args = ()
 
     def __init__(self, axes_dims, *, base: float = 10000.0, layout: str = "interleaved", max_seq_len: int = 1024,
-                 max_positions: Any = UNSET, **kwargs) -> None:
+                 **kwargs) -> None:
         default = (AxialRotaryEmbedding.__init__.__kwdefaults__ or {})["max_seq_len"]   # the default object itself
-        max_seq_len = renamed("AxialRotaryEmbedding", "max_positions", "max_seq_len", max_positions, max_seq_len,
-                              default)
+        max_seq_len = renamed("AxialRotaryEmbedding", "max_positions", "max_seq_len", kwargs.pop("max_positions", UNSET),
+                              max_seq_len, default)
         super().__init__(**kwargs)
         self.axes_dims = core_axial.check_axes_dims(tuple(axes_dims) if isinstance(axes_dims, list) else axes_dims)
         self.n_axes = len(self.axes_dims)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import keras
 import numpy as np
@@ -39,9 +38,9 @@ class LearnedPositionalEmbedding(PositionsLayer):
     """
 
     def __init__(self, max_seq_len: int | None = None, dim: int | None = None, *, init: str = "normal",
-                 padding_idx: int | None = None, num_positions: Any = UNSET, **kwargs) -> None:
-        max_seq_len = renamed("LearnedPositionalEmbedding", "num_positions", "max_seq_len", num_positions,
-                              max_seq_len, None)
+                 padding_idx: int | None = None, **kwargs) -> None:
+        max_seq_len = renamed("LearnedPositionalEmbedding", "num_positions", "max_seq_len",
+                              kwargs.pop("num_positions", UNSET), max_seq_len, None)
         super().__init__(**kwargs)
         self.max_seq_len, self.dim, self.init, padding_idx = core_sinusoidal.check_learned_args(
             max_seq_len, dim, init, padding_idx)
