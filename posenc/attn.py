@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import warnings
 from collections.abc import Callable
 from typing import Protocol, cast, runtime_checkable
 
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 
 from posenc import _validate
 from posenc._deprecate import UNSET
+from posenc._deprecate import warn as deprecation_warning
 from posenc._torch.checks import check_positions, check_seq_len
 from posenc._torch.rope_call import promise
 from posenc._torch.varlen import check_cu_seqlens, sequence_ids, varlen_positions, varlen_range
@@ -406,10 +406,9 @@ def _promise_keyword(encoding: object) -> str:
         old = "assume_in_table" in params and "assume_valid" not in params
         keyword = "assume_in_table" if old else "assume_valid"
         if old:
-            warnings.warn(
+            deprecation_warning(
                 f"{kind.__name__}.attention_qk takes assume_in_table=, the old name of the protocol's keyword; "
-                f"rename it to assume_valid= (the old name works for now and will be removed in the next release)",
-                DeprecationWarning, stacklevel=4)
+                f"rename it to assume_valid= (the old name works for now and will be removed in the next release)")
         _PROMISE_KEYWORD[kind] = keyword
     return keyword
 

@@ -62,7 +62,8 @@ def promise(where: str, old_value: object, new_value: object) -> bool:
     if old_value is UNSET:
         return cast(bool, new_value)                                     # (checked with the other flags)
     _validate.check_bool("assume_in_table", old_value)               # a bad value is an error, not a warning
-    return renamed(where, "assume_in_table", "assume_valid", old_value, new_value, False, stacklevel=4)
+    return renamed(where, "assume_in_table", "assume_valid", old_value, new_value, False,
+                   tracing=torch.compiler.is_compiling())
 
 
 def check_call(q: object, k: object, seq_dim: object, rotary_dim: int, positions: torch.Tensor | None, offset: object,

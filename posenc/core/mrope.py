@@ -35,7 +35,7 @@ from posenc import _validate
 
 __all__ = ["MROPE_AXES", "check_mrope_section", "mrope_axis_plan", "mrope_axis_slots"]
 
-#: The three position axes of M-RoPE, in the order of ``mrope_section`` and of positions ``(3, ...)``.
+#: The three position axes of M-RoPE, in the order of ``mrope_section`` and of the positions' last axis ``(..., 3)``.
 MROPE_AXES = ("t", "h", "w")
 
 

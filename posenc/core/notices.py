@@ -40,3 +40,4 @@ class LayoutWarning(UserWarning):
         >>> caught[0].category.__name__, issubclass(LayoutWarning, UserWarning)
         ('LayoutWarning', True)
     """
+

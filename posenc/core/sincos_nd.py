@@ -28,10 +28,12 @@ import decimal
 import functools
 import math
 import numbers
+import warnings
 
 import numpy as np
 
 from posenc import _validate
+from posenc._deprecate import caller_stacklevel
 from posenc.core import exact
 
 SINCOS_ND_ORDERS = ("mae", "timm")
@@ -96,6 +98,20 @@ def check_dim(dim, ndim: int) -> int:
             f"pass e.g. dim={dim + multiple - dim % multiple}"
         )
     return dim
+
+
+def old_argument_order(grid_shape, dim):
+    """``(grid_shape, dim)`` of a ``SinusoidalEncodingND(grid_shape, dim)`` call, also read from the
+    old order ``(dim, grid_shape)`` (an int first, a tuple or list second) with a ``DeprecationWarning``."""
+    if isinstance(grid_shape, numbers.Integral) and not isinstance(grid_shape, bool) and isinstance(dim, (tuple, list)):
+        warnings.warn(
+            f"SinusoidalEncodingND({grid_shape}, {tuple(dim)}): the order (dim, grid_shape) is deprecated and will be "
+            f"refused in the next release; pass the grid first, SinusoidalEncodingND({tuple(dim)}, {grid_shape})",
+            DeprecationWarning,
+            stacklevel=caller_stacklevel(),
+        )
+        return dim, grid_shape
+    return grid_shape, dim
 
 
 def check_table_args(grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale):

@@ -47,16 +47,20 @@ def check_encoding_args(dim, max_seq_len, base, layout, scale, dropout) -> tuple
     return dim, max_seq_len, base, layout, scale, dropout
 
 
-def check_learned_args(num_positions, dim, init, padding_idx) -> tuple[int, int, str, int | None]:
+def check_learned_args(max_seq_len, dim, init, padding_idx) -> tuple[int, int, str, int | None]:
     """Validated ``LearnedPositionalEmbedding`` arguments (shared by the torch and Keras layers)."""
-    num_positions = _validate.check_int("num_positions", num_positions, minimum=1)
+    if max_seq_len is None:
+        raise TypeError("LearnedPositionalEmbedding needs max_seq_len, the rows of the table (its first argument)")
+    if dim is None:
+        raise TypeError("LearnedPositionalEmbedding needs dim, the number of features (its second argument)")
+    max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
     dim = _validate.check_int("dim", dim, minimum=1)
     init = _validate.check_choice("init", init, INITS)
     if padding_idx is not None:
         padding_idx = _validate.check_int("padding_idx", padding_idx, minimum=0)
-        if padding_idx >= num_positions:
-            raise ValueError(f"padding_idx must be < num_positions={num_positions}, got {padding_idx}")
-    return num_positions, dim, init, padding_idx
+        if padding_idx >= max_seq_len:
+            raise ValueError(f"padding_idx must be < max_seq_len={max_seq_len}, got {padding_idx}")
+    return max_seq_len, dim, init, padding_idx
 
 
 def num_frequencies(dim: int, layout: str) -> int:

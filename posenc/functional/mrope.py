@@ -1,6 +1,6 @@
 """Multimodal RoPE (M-RoPE, Qwen2-VL / Qwen2.5-VL): 3-D positions and their cos/sin, pure torch.
 
-Every token has three positions ``(t, h, w)``.  Text tokens count up by one, all three equal.  The
+Every token has three positions ``(t, h, w)``, stored axes last: ``(S, 3)`` or ``(B, S, 3)``.  Text tokens count up by one, all three equal.  The
 ``t * h * w`` tokens of an image or video (after the vision encoder merges ``m x m`` patches,
 ``m = spatial_merge_size``, so ``h = H / m`` and ``w = W / m`` for a patch grid ``(T, H, W)``)
 start at the position ``p`` the next text token would have had::
@@ -20,11 +20,13 @@ References:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
 
 from posenc import _validate
+from posenc._deprecate import caller_stacklevel
 from posenc._torch.angles import exact_cos_sin
 from posenc._torch.checks import check_float_dtype, check_position_range, check_positions
 from posenc.core import exact as core_exact
@@ -35,14 +37,39 @@ __all__ = ["mrope_cos_sin", "mrope_positions"]
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
 
 
-def check_mrope_positions(positions: object) -> torch.Tensor:
-    """``positions`` must be integers of shape ``(3, ...)`` (t, h, w first); returns them as int32/int64."""
+def check_mrope_positions(positions: object, where: str = "positions") -> torch.Tensor:
+    """``positions`` must be integers of shape ``(..., S, 3)``, axes t, h, w last; returns them as int32/int64.
+
+    The old order, axes first (``(3, S)`` or ``(3, B, S)``: a first dim of 3 and a last dim that
+    is not 3), is still read for one release, moved to axes last, with a ``DeprecationWarning``
+    that names the fix (``positions.movedim(0, -1)``).  A shape that fits both readings, such as
+    ``(3, 3)``, is read axes last.  ``where`` names the caller in that warning.
+    """
     positions = check_positions("positions", positions)
-    if positions.dim() < 2 or positions.shape[0] != 3:
-        fix = "drop the first row (text positions kept for the attention mask) with positions[1:]" \
-            if positions.dim() >= 2 and positions.shape[0] == 4 else \
-            "stack the t, h, w positions first, e.g. positions.expand(3, -1, -1) for text-only (B, S) positions"
-        raise ValueError(f"positions must have shape (3, S) or (3, B, S), axes t, h, w first; got "
+    # Read without a guard on a dynamic length (torch.compile, torch.export): the new order has a
+    # static last dim of 3, the old one a static first dim of 3 (a traced (3, S) stays axes first).
+    first, last = (positions.shape[0], positions.shape[-1]) if positions.dim() >= 2 else (None, None)
+    if not (type(last) is int and last == 3) and type(first) is int and first == 3:
+        shape = tuple(positions.shape)
+        if not torch.compiler.is_compiling():                              # a traced graph cannot warn
+            warnings.warn(
+                f"{where}: M-RoPE positions of shape {shape} have the axes t, h, w first, an order that is "
+                f"deprecated and will be refused in the next release; pass them axes last, positions.movedim(0, -1) "
+                f"(shape {shape[1:] + (3,)})",
+                DeprecationWarning,
+                stacklevel=caller_stacklevel(),
+            )
+        positions = positions.movedim(0, -1)
+    if positions.dim() < 2 or positions.shape[-1] != 3:
+        if positions.dim() >= 2 and positions.shape[-1] == 4:
+            fix = "drop the first axis (text positions kept for the attention mask) with positions[..., 1:]"
+        elif positions.dim() >= 2 and positions.shape[0] == 4:
+            fix = "drop the first row (text positions kept for the attention mask) and put the axes last with " \
+                  "positions[1:].movedim(0, -1)"
+        else:
+            fix = "stack the t, h, w positions last, e.g. positions.unsqueeze(-1).expand(*positions.shape, 3) " \
+                  "for text-only (B, S) positions"
+        raise ValueError(f"positions must have shape (S, 3) or (B, S, 3), axes t, h, w last; got "
                          f"{tuple(positions.shape)}; {fix}")
     return positions
 
@@ -65,7 +92,10 @@ def mrope_cos_sin(
     :func:`posenc.apply_rope` reads them.
 
     Args:
-        positions: integer ``(3, S)`` or ``(3, B, S)``: the t, h, w positions.
+        positions: integer ``(S, 3)`` or ``(B, S, 3)``: the t, h, w positions, axes last (as
+            :func:`mrope_positions` returns them).  The old order, axes first (``(3, S)``,
+            ``(3, B, S)``), is still read, with a ``DeprecationWarning``; a shape that fits both
+            readings, such as ``(3, 3)``, is read axes last.
         inv_freq: ``(dim/2,)`` frequencies, e.g. ``rope_inv_freq(dim)[0]``.
         mrope_section: slot counts ``(s_t, s_h, s_w)`` summing to ``dim / 2``.
         mrope_interleaved: Qwen3-VL's ``t, h, w, t, h, w, ...`` slots instead of contiguous sections.
@@ -76,12 +106,12 @@ def mrope_cos_sin(
         ``(cos, sin)``, each ``(S, dim/2)`` or ``(B, S, dim/2)``.
 
     Examples:
-        >>> positions = torch.tensor([[2], [3], [5]])                  # t=2, h=3, w=5: (3, S=1)
+        >>> positions = torch.tensor([[2, 3, 5]])                      # t=2, h=3, w=5: (S=1, 3)
         >>> cos, sin = mrope_cos_sin(positions, torch.ones(3, dtype=torch.float64), [1, 1, 1])
         >>> cos                                                     # cos 2, cos 3, cos 5
         tensor([[-0.4161, -0.9900,  0.2837]])
     """
-    positions = check_mrope_positions(positions)
+    positions = check_mrope_positions(positions, "mrope_cos_sin")
     check_position_range("positions", positions)
     if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1 or not inv_freq.dtype.is_floating_point:
         raise TypeError(f"inv_freq must be a 1-D floating tensor of frequencies (dim/2,), got {inv_freq!r:.80}")
@@ -94,11 +124,11 @@ def mrope_cos_sin(
     attention_factor = _validate.check_float("attention_factor", attention_factor, minimum=0.0)
     check_float_dtype("dtype", dtype)
     turns = core_exact.turns_split(freqs)                                   # (4, dim/2) float64
-    cos = torch.empty(*positions.shape[1:], len(freqs), dtype=dtype, device=positions.device)
+    cos = torch.empty(*positions.shape[:-1], len(freqs), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
     for axis, slots in enumerate(core_mrope.mrope_axis_slots(plan)):
         if len(slots):
-            c, s = exact_cos_sin(positions[axis], turns[:, slots], attention_factor, dtype)   # (..., n_axis)
+            c, s = exact_cos_sin(positions[..., axis], turns[:, slots], attention_factor, dtype)   # (..., n_axis)
             index = torch.from_numpy(slots).to(positions.device)
             cos.index_copy_(-1, index, c)
             sin.index_copy_(-1, index, s)
@@ -167,7 +197,7 @@ def mrope_positions(
     image_token_id: int | None = None,
     video_token_id: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``(3, B, S)`` M-RoPE positions of a text, image and video prompt, and the rope deltas.
+    """The ``(B, S, 3)`` M-RoPE positions of a text, image and video prompt, and the rope deltas.
 
     The rule of transformers 5's ``Qwen2VLModel.get_rope_index`` and ``Qwen2_5_VLModel.get_rope_index``
     (the same values on every real token): in each row, real tokens (``attention_mask`` nonzero) are
@@ -202,9 +232,11 @@ def mrope_positions(
         image_token_id, video_token_id: the placeholder token ids, when ``mm_token_type_ids`` is None.
 
     Returns:
-        ``(positions, rope_deltas)``: int64 ``(3, B, S)`` positions on ``input_ids``' device, and
-        ``(B, 1)`` deltas ``max position + 1 - real tokens`` of each row: a token generated after
-        ``n`` cached tokens sits at ``n + delta`` on all three axes.  Padded slots hold an
+        ``(positions, rope_deltas)``: int64 ``(B, S, 3)`` positions, axes t, h, w last, on
+        ``input_ids``' device (transformers' ``get_rope_index`` returns the same values axes first,
+        ``positions.movedim(-1, 0)``), and ``(B, 1)`` deltas ``max position + 1 - real tokens`` of
+        each row: a token generated after ``n`` cached tokens sits at ``n + delta`` on all three
+        axes.  Padded slots hold an
         unspecified (but valid) position; mask them out of attention.
 
     Raises:
@@ -219,7 +251,9 @@ def mrope_positions(
         >>> ids = torch.zeros(1, 7, dtype=torch.long)
         >>> types = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])              # text, a 2 x 2 image, text
         >>> pos, delta = mrope_positions(ids, mm_token_type_ids=types, image_grid_thw=torch.tensor([[1, 4, 4]]))
-        >>> pos[:, 0]
+        >>> pos.shape                                                 # (B, S, 3): axes t, h, w last
+        torch.Size([1, 7, 3])
+        >>> pos[0].T                                                  # rows t, h, w
         tensor([[0, 1, 2, 2, 2, 2, 4],
                 [0, 1, 2, 2, 3, 3, 4],
                 [0, 1, 2, 3, 2, 3, 4]])
@@ -277,7 +311,7 @@ def mrope_positions(
         second_per_grid_ts = second_per_grid_ts.detach().cpu()                # read on the host, like the grids
     used = {_IMAGE: 0, _VIDEO: 0}
 
-    positions = torch.zeros(3, batch, length, dtype=torch.long)
+    positions = torch.zeros(batch, length, 3, dtype=torch.long)
     deltas = []
     for b in range(batch):
         real = [i for i in range(length) if mask_rows[b][i]]
@@ -291,7 +325,7 @@ def mrope_positions(
             while j < len(row_types) and row_types[j] == kind:
                 j += 1
             if kind == _TEXT:
-                pieces.append((torch.arange(j - i) + p).expand(3, -1))
+                pieces.append((torch.arange(j - i) + p).unsqueeze(-1).expand(-1, 3))          # (n, 3)
                 p += j - i
             elif kind in grids:
                 filled = 0
@@ -317,15 +351,15 @@ def mrope_positions(
                     else:
                         steps = torch.arange(t)
                     tt, hh, ww = torch.meshgrid(steps, torch.arange(h), torch.arange(w), indexing="ij")
-                    pieces.append(torch.stack([tt, hh, ww]).reshape(3, -1) + p)              # (3, t*h*w)
+                    pieces.append(torch.stack([tt, hh, ww], -1).reshape(-1, 3) + p)          # (t*h*w, 3)
                     p += max(h, w)
                     filled += t * h * w
             else:
                 raise ValueError(f"mm_token_type_ids must be 0 (text), 1 (image) or 2 (video), got {kind} in row {b}")
             i = j
         if pieces:
-            row = torch.cat(pieces, 1)                                                         # (3, real)
-            positions[:, b, real] = row
+            row = torch.cat(pieces, 0)                                                         # (real, 3)
+            positions[b, real] = row
             deltas.append(int(row.max()) + 1 - len(real))
         else:
             deltas.append(0)

@@ -280,12 +280,13 @@ class _HFMropeTables(torch.nn.Module):
         self.rope = MultimodalRotaryEmbedding.from_hf_config(config, max_seq_len=rows)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` ``(B, S, d)`` for ``(3, B, S)`` positions (``(B, S)`` or ``(1, B, S)``: text)."""
+        """``(cos, sin)`` ``(B, S, d)`` for transformers' axes-first ``(3, B, S)`` positions (``(B, S)`` or
+        ``(1, B, S)``: text), moved here to posenc's axes-last ``(B, S, 3)``."""
         if position_ids.dim() == 2:
             position_ids = position_ids[None]
-        position_ids = position_ids.expand(3, -1, -1)
+        position_ids = position_ids.expand(3, -1, -1).movedim(0, -1)                 # (B, S, 3)
         work = torch.float64 if dtype == torch.float64 else torch.float32
-        cos, sin = self.rope.cos_sin(position_ids, dtype=work, assume_in_table=self.assume_in_table and
+        cos, sin = self.rope.cos_sin(position_ids, dtype=work, assume_valid=self.assume_in_table and
                                      work == torch.float32)
         return torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 from keras import ops
 
 from posenc import _validate
+from posenc._deprecate import UNSET, renamed
 from posenc.core import axial as core_axial
 from posenc.core.rope import ROPE_LAYOUTS
 from posenc.keras._common import (
@@ -32,29 +35,40 @@ class AxialRotaryEmbedding(PositionsLayer):
     block ``a`` rotates pair ``i`` by ``p_a * base^(-2i / axes_dims[a])``, pairs ``(2i, 2i+1)``
     (``layout="interleaved"``) or ``(i, i + d_a/2)`` (``"half"``) inside each block.  It returns
     ``(q, k)``, or the rotated ``q`` alone when ``k`` is None (a Keras graph output must be a
-    tensor).  Coordinates ``0 .. max_positions - 1`` come from exact float32 tables (the same
+    tensor).  Coordinates ``0 .. max_seq_len - 1`` come from exact float32 tables (the same
     NumPy core as the torch side); others are computed in float32 in the graph.  The rotation
-    runs in float32 and rounds once to the compute dtype.
+    runs in float32 and rounds once to the compute dtype.  ``max_positions`` is the old name of
+    ``max_seq_len`` (deprecated), also as a key of a saved config.
     """
 
     _position_args = ()
 
-    def __init__(self, axes_dims, *, base: float = 10000.0, layout: str = "interleaved", max_positions: int = 1024,
+    def __init__(self, axes_dims, *, base: float = 10000.0, layout: str = "interleaved", max_seq_len: int = 1024,
                  **kwargs) -> None:
+        default = (AxialRotaryEmbedding.__init__.__kwdefaults__ or {})["max_seq_len"]   # the default object itself
+        max_seq_len = renamed("AxialRotaryEmbedding", "max_positions", "max_seq_len", kwargs.pop("max_positions", UNSET),
+                              max_seq_len, default)
         super().__init__(**kwargs)
         self.axes_dims = core_axial.check_axes_dims(tuple(axes_dims) if isinstance(axes_dims, list) else axes_dims)
         self.n_axes = len(self.axes_dims)
         self.dim = sum(self.axes_dims)
         self.base = _validate.check_float("base", base, positive=True)
         self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-        self.max_positions = _validate.check_int("max_positions", max_positions, minimum=1)
+        self.max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
         freqs = core_axial.axial_frequencies(self.axes_dims, self.base)
-        s, c = exact_sin_cos(np.arange(self.max_positions), freqs)                     # (P, h) float64
+        s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)                     # (P, h) float64
         self._cos, self._sin = c.astype(np.float32), s.astype(np.float32)
         self._inv = np.array([float(f) for f in freqs])
         self._axis = core_axial.pair_axes(self.axes_dims)
         self._perm = core_axial.half_permutation(self.axes_dims)
         self._inverse = np.argsort(self._perm)
+
+    @property
+    def max_positions(self) -> int:
+        """Old name of ``max_seq_len`` (deprecated)."""
+        warnings.warn("AxialRotaryEmbedding.max_positions is deprecated and will be removed in the next release; "
+                      "read max_seq_len instead", DeprecationWarning, stacklevel=2)
+        return self.max_seq_len
 
     def _check_positions(self, positions, length, batch):
         positions = integer_positions("positions", positions)
@@ -84,7 +98,7 @@ class AxialRotaryEmbedding(PositionsLayer):
         # each pair reads its own column of the (P, h) table at its axis' coordinate
         flat_cos = np.ascontiguousarray(self._cos).reshape(-1, 1)
         flat_sin = np.ascontiguousarray(self._sin).reshape(-1, 1)
-        rows = self.max_positions
+        rows = self.max_seq_len
         index = per_pair * h + cols
         inside = ops.logical_and(per_pair >= 0, per_pair < rows)
         safe = ops.where(inside, index, 0)
@@ -156,5 +170,5 @@ class AxialRotaryEmbedding(PositionsLayer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "axes_dims": list(self.axes_dims), "base": self.base, "layout": self.layout,
-                "max_positions": self.max_positions}
+                "max_seq_len": self.max_seq_len}
 

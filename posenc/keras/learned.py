@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 from keras import ops
 
+from posenc._deprecate import UNSET, renamed
 from posenc.core import sinusoidal as core_sinusoidal
 from posenc.keras._common import (
     PositionsLayer,
@@ -26,32 +29,42 @@ class LearnedPositionalEmbedding(PositionsLayer):
     row at zero with zero gradient (the weight is multiplied by a constant row mask).
 
     ``x`` is ``(B, S, D)`` or ``(S, D)`` floating; ``positions`` (optional) integers ``(S,)`` or
-    ``(B, S)``, excluding a nonzero ``offset``.  A position outside ``[0, num_positions)`` raises
+    ``(B, S)``, excluding a nonzero ``offset``.  A position outside ``[0, max_seq_len)`` raises
     ``ValueError``: always for ``offset`` (the length is static), and for explicit ``positions``
     where their values are concrete (NumPy, eager tensors).  Inside a traced graph (``jax.jit``,
     ``tf.function``) explicit positions cannot be read and are not checked (JAX gives NaN rows for
-    positions past the table), so size ``num_positions`` for the longest input there.
+    positions past the table), so size ``max_seq_len`` for the longest input there.  ``num_positions``
+    is the old name of ``max_seq_len`` (deprecated), also as a key of a saved config.
     """
 
-    def __init__(self, num_positions: int, dim: int, *, init: str = "normal", padding_idx: int | None = None,
-                 **kwargs) -> None:
+    def __init__(self, max_seq_len: int | None = None, dim: int | None = None, *, init: str = "normal",
+                 padding_idx: int | None = None, **kwargs) -> None:
+        max_seq_len = renamed("LearnedPositionalEmbedding", "num_positions", "max_seq_len",
+                              kwargs.pop("num_positions", UNSET), max_seq_len, None)
         super().__init__(**kwargs)
-        self.num_positions, self.dim, self.init, padding_idx = core_sinusoidal.check_learned_args(
-            num_positions, dim, init, padding_idx)
+        self.max_seq_len, self.dim, self.init, padding_idx = core_sinusoidal.check_learned_args(
+            max_seq_len, dim, init, padding_idx)
         self.padding_idx = padding_idx
         if self.init == "sinusoidal":
             freqs = core_sinusoidal.frequencies(self.dim, 10000.0, "interleaved")
-            s, c = exact_sin_cos(np.arange(self.num_positions), freqs)
+            s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)
             initializer = keras.initializers.Constant(core_sinusoidal.assemble(s, c, self.dim, "interleaved").astype(np.float32))
         elif self.init == "zeros":
             initializer = "zeros"
         else:
             initializer = keras.initializers.RandomNormal(stddev=0.02)
-        self.weight = self.add_weight(shape=(self.num_positions, self.dim), initializer=initializer, name="weight")
-        mask = np.ones((self.num_positions, 1), dtype=np.float32)
+        self.weight = self.add_weight(shape=(self.max_seq_len, self.dim), initializer=initializer, name="weight")
+        mask = np.ones((self.max_seq_len, 1), dtype=np.float32)
         if padding_idx is not None:
             mask[padding_idx] = 0.0
         self._row_mask = mask
+
+    @property
+    def num_positions(self) -> int:
+        """Old name of ``max_seq_len`` (deprecated)."""
+        warnings.warn("LearnedPositionalEmbedding.num_positions is deprecated and will be removed in the next "
+                      "release; read max_seq_len instead", DeprecationWarning, stacklevel=2)
+        return self.max_seq_len
 
     def _check_call(self, x, positions, offset):
         check_embeddings(x, self.dim)
@@ -64,12 +77,12 @@ class LearnedPositionalEmbedding(PositionsLayer):
         return positions, offset
 
     def _check_rows(self, lo: int, hi: int) -> None:
-        """Reject positions ``[lo, hi]`` outside the table's rows ``[0, num_positions)``."""
-        if hi < lo or (lo >= 0 and hi < self.num_positions):                 # empty, or inside
+        """Reject positions ``[lo, hi]`` outside the table's rows ``[0, max_seq_len)``."""
+        if hi < lo or (lo >= 0 and hi < self.max_seq_len):                   # empty, or inside
             return
         fix = "positions (and offset) index the table, so they must be >= 0" if lo < 0 else \
-            f"build the layer with num_positions >= {hi + 1}"
-        raise ValueError(f"positions must lie in [0, num_positions={self.num_positions}), got values in [{lo}, {hi}]; {fix}")
+            f"build the layer with max_seq_len >= {hi + 1}"
+        raise ValueError(f"positions must lie in [0, max_seq_len={self.max_seq_len}), got values in [{lo}, {hi}]; {fix}")
 
     def call(self, x, positions=None, offset: int = 0):
         positions, offset = self._check_call(x, positions, offset)
@@ -85,5 +98,5 @@ class LearnedPositionalEmbedding(PositionsLayer):
         return input_shape
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "num_positions": self.num_positions, "dim": self.dim, "init": self.init,
+        return {**super().get_config(), "max_seq_len": self.max_seq_len, "dim": self.dim, "init": self.init,
                 "padding_idx": self.padding_idx}

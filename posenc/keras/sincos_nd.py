@@ -17,7 +17,9 @@ from posenc.keras._common import check_embeddings, differ, static_shape
 class SinusoidalEncodingND(keras.layers.Layer):
     """Adds the sin-cos position table of an image or video patch grid: ``x * scale + PE``.
 
-    Same arguments and numbers as :class:`posenc.nn.SinusoidalEncodingND` (without ``device``):
+    Same arguments and numbers as :class:`posenc.nn.SinusoidalEncodingND` (without ``device``; the
+    grid first, then ``dim``, the old order ``(dim, grid_shape)`` still read with a
+    ``DeprecationWarning``):
     ``PE`` has ``prefix_tokens`` zero rows, then one row per patch of ``grid_shape`` in row-major
     order; a 2-D row is ``[sin(w f) | cos(w f) | sin(h f) | cos(h f)]`` with
     ``f_k = base^(-k / (D/4))`` (``order="mae"``: MAE, ViTMAE, diffusers) or
@@ -30,15 +32,16 @@ class SinusoidalEncodingND(keras.layers.Layer):
 
     Examples:
         >>> import keras
-        >>> layer = SinusoidalEncodingND(8, (2, 3), prefix_tokens=1)
+        >>> layer = SinusoidalEncodingND((2, 3), 8, prefix_tokens=1)
         >>> tuple(layer(keras.ops.zeros((1, 7, 8))).shape)
         (1, 7, 8)
         >>> layer.table((1, 2))[2].tolist()  # doctest: +ELLIPSIS
         [0.84147..., 0.00999..., 0.54030..., 0.99994..., 0.0, 0.0, 1.0, 1.0]
     """
 
-    def __init__(self, dim: int, grid_shape, *, base: float = 10000.0, prefix_tokens: int = 0, order: str = "mae",
+    def __init__(self, grid_shape, dim: int, *, base: float = 10000.0, prefix_tokens: int = 0, order: str = "mae",
                  base_size=None, interpolation_scale=1.0, scale: float = 1.0, **kwargs) -> None:
+        grid_shape, dim = core_sincos_nd.old_argument_order(grid_shape, dim)
         super().__init__(**kwargs)
         (self.grid_shape, self.dim, self.base, self.prefix_tokens, self.order, self.base_size,
          self.interpolation_scale) = core_sincos_nd.check_table_args(

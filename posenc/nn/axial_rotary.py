@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from posenc import _validate
+from posenc._deprecate import UNSET, renamed
 from posenc._torch.angles import _no_autocast, exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import (
@@ -46,12 +48,12 @@ class AxialRotaryEmbedding(TableModule):
     inside each block.  The interleaved blocks concatenate into an ordinary interleaved cos/sin row
     per token, which the RoPE engines (torch, or the fused Triton kernel) apply.
 
-    Fixed frequencies: cos/sin of coordinates ``0 .. max_positions - 1`` per axis are built once
+    Fixed frequencies: cos/sin of coordinates ``0 .. max_seq_len - 1`` per axis are built once
     from exact angles (see :mod:`posenc.core.exact`) and rounded once to float32 (non-persistent
     buffers that stay float32 after ``module.to(torch.bfloat16)``); a token's row is gathered
     from them, so every value is within 1 ulp.  Coordinates outside the table (or float64 inputs)
     are computed exactly on the fly.  One range reduction per call decides; pass
-    ``assume_in_table=True`` to skip it (no device read), or precompute the rows once per grid with
+    ``assume_valid=True`` to skip it (no device read), or precompute the rows once per grid with
     :meth:`cos_sin` and pass them as ``cos_sin=``.
 
     ``learned=True`` is RoPE-Mixed (Heo et al. 2024): the frequencies are a parameter
@@ -75,8 +77,9 @@ class AxialRotaryEmbedding(TableModule):
             ``learned=True``, whose pairs mix every axis, ``j, j + dim/2`` over the rotated features).
         learned: RoPE-Mixed learned frequencies (needs ``num_heads``).
         num_heads: heads of q and k (learned mode: one set of frequencies per head).
-        max_positions: coordinates ``0 .. max_positions - 1`` of every axis precomputed (fixed mode;
+        max_seq_len: coordinates ``0 .. max_seq_len - 1`` of every axis precomputed (fixed mode;
             default 1024).  It counts coordinates per axis, not tokens: a 64 x 64 grid needs 64.
+        max_positions: old name of ``max_seq_len`` (deprecated).
         backend: ``"auto"``, ``"torch"`` or ``"triton"``, decided once per call as for
             :class:`~posenc.RotaryEmbedding`.
         device: device of the tables and the parameter.
@@ -117,11 +120,13 @@ class AxialRotaryEmbedding(TableModule):
         layout: str = "interleaved",
         learned: bool = False,
         num_heads: int | None = None,
-        max_positions: int | None = None,
+        max_seq_len: int | None = None,
         backend: str = "auto",
         device: torch.device | str | None = None,
+        max_positions: Any = UNSET,
     ) -> None:
         super().__init__()
+        max_seq_len = renamed("AxialRotaryEmbedding", "max_positions", "max_seq_len", max_positions, max_seq_len, None)
         self.axes_dims = core_axial.check_axes_dims(axes_dims)
         self.n_axes = self.position_axes = len(self.axes_dims)
         self.dim = sum(self.axes_dims)
@@ -130,18 +135,18 @@ class AxialRotaryEmbedding(TableModule):
         default_base = core_axial.MIXED_BASE if learned else 10000.0
         self.base = default_base if base is None else _validate.check_float("base", base, positive=True)
         self.layout = _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-        if learned and max_positions is not None:
+        if learned and max_seq_len is not None:
             raise ValueError(
-                "max_positions sets the rows of the fixed tables; learned=True computes its angles from the learned "
-                "frequencies and keeps no table: drop max_positions"
+                "max_seq_len sets the rows of the fixed tables; learned=True computes its angles from the learned "
+                "frequencies and keeps no table: drop max_seq_len"
             )
         if not learned and num_heads is not None:
             raise ValueError(
                 "num_heads sets the heads of learned (RoPE-Mixed) frequencies; fixed frequencies rotate every head "
                 "alike: drop num_heads, or pass learned=True"
             )
-        self.max_positions = 1024 if max_positions is None else _validate.check_int(
-            "max_positions", max_positions, minimum=1)
+        self.max_seq_len = 1024 if max_seq_len is None else _validate.check_int(
+            "max_seq_len", max_seq_len, minimum=1)
         self.backend = check_rope_backend(backend)
         h = self.dim // 2
         if learned:
@@ -154,8 +159,8 @@ class AxialRotaryEmbedding(TableModule):
             self.num_heads = None
             self._freqs = core_axial.axial_frequencies(self.axes_dims, self.base)
             self.register_buffer("turns", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
-            # (cos, sin) pairs of every frequency at coordinates 0 .. max_positions - 1: (P, 2h)
-            self.register_buffer("packed_table", torch.empty(self.max_positions, 2 * h, device=device),
+            # (cos, sin) pairs of every frequency at coordinates 0 .. max_seq_len - 1: (P, 2h)
+            self.register_buffer("packed_table", torch.empty(self.max_seq_len, 2 * h, device=device),
                                  persistent=False)
             # row of a pair in the (P * h, 2) view of the table: coordinate * h + pair
             self.register_buffer("pair_index", torch.empty(2, h, device=device, dtype=torch.int64), persistent=False)
@@ -182,7 +187,7 @@ class AxialRotaryEmbedding(TableModule):
             h = self.dim // 2
             self.pair_index[0].copy_(torch.from_numpy(core_axial.pair_axes(self.axes_dims)))
             self.pair_index[1].copy_(torch.arange(h))
-            grid = torch.arange(self.max_positions, device=device)
+            grid = torch.arange(self.max_seq_len, device=device)
             c, s = exact_cos_sin(grid, self.turns, 1.0, torch.float32)                  # (P, h), one rounding
             self.packed_table.copy_(torch.stack([c, s], -1).flatten(-2))          # (P, 2h)
 
@@ -200,16 +205,34 @@ class AxialRotaryEmbedding(TableModule):
             if self.freqs.device.type != "meta":
                 self.freqs.copy_(torch.from_numpy(init))
 
+    @property
+    def max_positions(self) -> int:
+        """Old name of :attr:`max_seq_len` (deprecated)."""
+        warnings.warn("AxialRotaryEmbedding.max_positions is deprecated and will be removed in the next release; "
+                      "read max_seq_len instead", DeprecationWarning, stacklevel=2)
+        return self.max_seq_len
+
     # ---- rows ------------------------------------------------------------------------------------
 
     def cos_sin(
-        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32, assume_in_table: bool = False
+        self,
+        positions: torch.Tensor,
+        *,
+        dtype: torch.dtype = torch.float32,
+        assume_valid: bool = False,
+        assume_in_table: Any = UNSET,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` rows for ``positions (..., S, n_axes)``, to reuse across calls (``cos_sin=``).
 
         Fixed mode: ``(..., S, dim/2)``, exact, each value rounded once to ``dtype``.  Learned mode:
-        ``(..., num_heads, S, dim/2)``, differentiable with respect to ``freqs``.
+        ``(..., num_heads, S, dim/2)``, differentiable with respect to ``freqs``.  ``assume_valid``
+        promises that every coordinate lies in ``[0, max_seq_len)`` (no device read);
+        ``assume_in_table`` is its old name (deprecated).
         """
+        assume_valid = renamed("AxialRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
+        _validate.check_bool("assume_valid", assume_valid)
         check_float_dtype("dtype", dtype)
         positions = functional_axial.check_axial_positions("positions", positions, self.n_axes)
         device = self.half_perm.device
@@ -217,7 +240,7 @@ class AxialRotaryEmbedding(TableModule):
             check_same_device("positions", positions, "the tables", device)
         if self.learned:
             return self._learned_cos_sin(positions, dtype)
-        kind, *rows = self._fixed_rows(positions, working_dtype(dtype), assume_in_table)
+        kind, *rows = self._fixed_rows(positions, working_dtype(dtype), assume_valid)
         if kind == "packed":
             rows = [rows[0][..., 0::2], rows[0][..., 1::2]]
         # contiguous either way: rows gathered from the table or computed give the same strides, so a
@@ -242,7 +265,7 @@ class AxialRotaryEmbedding(TableModule):
         except IndexError:                                                           # a broken promise
             raise ValueError(
                 f"positions must lie in [0, {table.shape[0]}) for this table (they were promised to with "
-                f"assume_in_table=True); drop the promise to have them checked or computed"
+                f"assume_valid=True); drop the promise to have them checked or computed"
             ) from None
         return out.flatten(-2)
 
@@ -267,7 +290,8 @@ class AxialRotaryEmbedding(TableModule):
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
         seq_dim: int = -2,
         inplace: bool = False,
-        assume_in_table: bool = False,
+        assume_valid: bool = False,
+        assume_in_table: Any = UNSET,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
 
@@ -278,19 +302,23 @@ class AxialRotaryEmbedding(TableModule):
             cos_sin: rows from :meth:`cos_sin` instead of ``positions`` (computed once per grid).
             seq_dim: sequence axis of ``q`` and ``k``.
             inplace: rotate ``q`` and ``k`` in place.
-            assume_in_table: promise that every coordinate lies in ``[0, max_positions)``, so that
+            assume_valid: promise that every coordinate lies in ``[0, max_seq_len)``, so that
                 their range is not read from the device (the lookup stays bounds-checked).
+            assume_in_table: old name of ``assume_valid`` (deprecated).
         """
+        assume_valid = renamed("AxialRotaryEmbedding", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         sd = check_qk(q, k, seq_dim, self.dim)
         _validate.check_bool("inplace", inplace)
-        _validate.check_bool("assume_in_table", assume_in_table)
+        _validate.check_bool("assume_valid", assume_valid)
         if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
             qr, kr = self.forward(q, k, positions=positions, cos_sin=cos_sin, seq_dim=sd,
-                                  assume_in_table=assume_in_table)
+                                  assume_valid=assume_valid)
             return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
         if self.learned:
             self._check_learned_heads(q, k, sd)
-        rows = self._call_rows(q, sd, positions, cos_sin, assume_in_table)
+        rows = self._call_rows(q, sd, positions, cos_sin, assume_valid)
         engine = self._engine(q, k, sd, rows[0])
         return self._rotate(engine, q, k, sd, rows, inplace)
 
@@ -302,11 +330,15 @@ class AxialRotaryEmbedding(TableModule):
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
         seq_dim: int = -2,
         inplace: bool = False,
-        assume_in_table: bool = False,
+        assume_valid: bool = False,
+        assume_in_table: Any = UNSET,
     ) -> torch.Tensor:
         """Rotate one tensor (queries or keys) at its own positions; see :meth:`forward`."""
+        assume_valid = renamed("AxialRotaryEmbedding.rotate", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         return self.forward(x, None, positions=positions, cos_sin=cos_sin, seq_dim=seq_dim, inplace=inplace,
-                            assume_in_table=assume_in_table)[0]
+                            assume_valid=assume_valid)[0]
 
     def _check_learned_heads(self, q, k, sd):
         if q.dim() != 4 or sd not in (1, 2):
@@ -417,9 +449,9 @@ class AxialRotaryEmbedding(TableModule):
     def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
         """Rotate queries at ``positions (.., S, n_axes)`` and keys at ``key_positions``."""
         if k is not None and key_positions is positions and q.shape[2] == k.shape[2]:
-            return self(q, k, positions=positions, assume_in_table=assume_in_table)     # one range read, one gather
-        q = self.rotate(q, positions=positions, assume_in_table=assume_in_table)
-        return q, None if k is None else self.rotate(k, positions=key_positions, assume_in_table=assume_in_table)
+            return self(q, k, positions=positions, assume_valid=assume_in_table)     # one range read, one gather
+        q = self.rotate(q, positions=positions, assume_valid=assume_in_table)
+        return q, None if k is None else self.rotate(k, positions=key_positions, assume_valid=assume_in_table)
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """Rotary embeddings add no bias."""
@@ -434,5 +466,5 @@ class AxialRotaryEmbedding(TableModule):
         if self.learned:
             parts.append(f"learned=True, num_heads={self.num_heads}")
         else:
-            parts.append(f"max_positions={self.max_positions}")
+            parts.append(f"max_seq_len={self.max_seq_len}")
         return ", ".join(parts)

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET, renamed
 from posenc._torch.angles import exact_cos_sin, working_dtype
 from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
 from posenc._torch.checks import (
@@ -51,7 +52,7 @@ class MultimodalRotaryEmbedding(TableModule):
     float32 after ``module.to(torch.bfloat16)``), each token's row is gathered slot by slot from the
     positions of its axes, and positions past the table (or float64 inputs) are computed exactly on
     the fly, autocast off, rounded once.  One range reduction per call decides between the two;
-    ``assume_in_table=True`` skips it (no device synchronisation), and while tracing positions are
+    ``assume_valid=True`` skips it (no device synchronisation), and while tracing positions are
     computed exactly unless promised in the table.  ``forward`` never writes to the module.
 
     Args:
@@ -69,12 +70,15 @@ class MultimodalRotaryEmbedding(TableModule):
 
     Shape:
         ``q``: ``(B, H, S, D)`` (``seq_dim=-2``) or ``(B, S, H, D)`` (``seq_dim=1``); ``k`` likewise
-        with its own head count; ``positions``: ``(3, S)`` or ``(3, B, S)``, axes ``t, h, w`` first.
+        with its own head count; ``positions``: ``(S, 3)`` or ``(B, S, 3)``, axes ``t, h, w`` last
+        (as :func:`posenc.mrope_positions` returns them and :func:`posenc.attention` passes them).
+        The old order, axes first (``(3, S)``, ``(3, B, S)``), is still read for one release, with a
+        ``DeprecationWarning``; a shape that fits both readings, such as ``(3, 3)``, is read axes last.
 
     Examples:
         >>> mrope = MultimodalRotaryEmbedding(6, [1, 1, 1])                  # theta = 1, 0.0464, 0.00215
         >>> q = torch.tensor([[[[1.0, 1.0, 1.0, 0.0, 0.0, 0.0]]]])            # (B=1, H=1, S=1, D=6)
-        >>> positions = torch.tensor([[2], [3], [5]])                        # t=2, h=3, w=5
+        >>> positions = torch.tensor([[2, 3, 5]])                            # t=2, h=3, w=5: (S=1, 3)
         >>> mrope(q, positions=positions)[0]                                 # cos(p theta), then sin(p theta)
         tensor([[[[-0.4161,  0.9903,  0.9999,  0.9093,  0.1388,  0.0108]]]])
 
@@ -189,28 +193,37 @@ class MultimodalRotaryEmbedding(TableModule):
     # ---- cos/sin rows ------------------------------------------------------------------------------
 
     def cos_sin(
-        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32, assume_in_table: bool = False
+        self,
+        positions: torch.Tensor,
+        *,
+        dtype: torch.dtype = torch.float32,
+        assume_valid: bool = False,
+        assume_in_table: Any = UNSET,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` of shape ``positions.shape[1:] + (dim/2,)`` for ``(3, ...)`` positions.
+        """``(cos, sin)`` of shape ``positions.shape[:-1] + (dim/2,)`` for ``(..., 3)`` positions (axes last).
 
         Slot ``j`` holds ``cos(p_a(j) * theta_j)`` (attention factor included), ``a(j)`` the axis
-        that drives slot ``j``.  ``assume_in_table`` promises that every position lies in
-        ``[0, max_seq_len)`` (no device read; the lookup stays bounds-checked).
+        that drives slot ``j``.  ``assume_valid`` promises that every position lies in
+        ``[0, max_seq_len)`` (no device read; the lookup stays bounds-checked); ``assume_in_table``
+        is its old name (deprecated).
         """
-        positions = check_mrope_positions(positions)
+        assume_valid = renamed("MultimodalRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
+        positions = check_mrope_positions(positions, "MultimodalRotaryEmbedding.cos_sin")
         if positions.device != self.cos_table.device:
             check_same_device("positions", positions, "the tables", self.cos_table.device)
         check_float_dtype("dtype", dtype)
-        _validate.check_bool("assume_in_table", assume_in_table)
+        _validate.check_bool("assume_valid", assume_valid)
         table = from_table("positions", positions, self.max_seq_len, table_ok=dtype == torch.float32,
-                           assume=assume_in_table)
+                           assume=assume_valid)
         return self._rows(positions, table, dtype)
 
     def _rows(self, positions: torch.Tensor, table: bool, dtype: torch.dtype):
-        """cos/sin rows for ``(3, ...)`` positions: gathered from the tables (``table``), else exact."""
+        """cos/sin rows for ``(..., 3)`` positions: gathered from the tables (``table``), else exact."""
         if table:
             h = self.dim // 2
-            per_slot = positions.movedim(0, -1).index_select(-1, self.slot_axis)     # (..., h): p_a(j)
+            per_slot = positions.index_select(-1, self.slot_axis)                    # (..., h): p_a(j)
             flat = per_slot.long() * h + torch.arange(h, device=positions.device)      # row-major table index
             try:
                 # (embedding rejects negative indices, which torch.take would wrap to the table's end)
@@ -219,13 +232,14 @@ class MultimodalRotaryEmbedding(TableModule):
             except (IndexError, RuntimeError):                                         # a broken promise
                 raise ValueError(
                     f"positions must lie in [0, {self.max_seq_len}) for the tables (they were promised to with "
-                    f"assume_in_table=True); drop the promise to have them checked or computed"
+                    f"assume_valid=True); drop the promise to have them checked or computed"
                 ) from None
         parts = []
         for axis in range(3):
             lo, hi = self._axis_bounds[axis], self._axis_bounds[axis + 1]
             if hi > lo:
-                parts.append(exact_cos_sin(positions[axis], self.turns_by_axis[:, lo:hi], self.attention_factor, dtype))
+                parts.append(exact_cos_sin(positions[..., axis], self.turns_by_axis[:, lo:hi], self.attention_factor,
+                                           dtype))
         cos, sin = torch.cat([c for c, _ in parts], -1), torch.cat([s for _, s in parts], -1)   # (..., h) axis order
         if self._contiguous:
             return cos, sin
@@ -244,30 +258,36 @@ class MultimodalRotaryEmbedding(TableModule):
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
         seq_dim: int = -2,
         inplace: bool = False,
-        assume_in_table: bool = False,
+        assume_valid: bool = False,
+        assume_in_table: Any = UNSET,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
 
         Args:
             q: queries ``(B, H, S, D)`` or, with ``seq_dim=1``, ``(B, S, H, D)``; ``D >= dim``.
             k: keys of the same layout and sequence length (any head count), or None.
-            positions: integer ``(3, S)`` or ``(3, B, S)`` positions, axes ``t, h, w`` (e.g. from
-                :func:`posenc.mrope_positions`); default: text positions ``offset + arange(S)`` on
-                all three axes.
+            positions: integer ``(S, 3)`` or ``(B, S, 3)`` positions, axes ``t, h, w`` last (e.g.
+                from :func:`posenc.mrope_positions`); default: text positions ``offset + arange(S)``
+                on all three axes.
             offset: first text position when ``positions`` is None (decoding step by step; with a
                 prompt's rope delta ``d``, the token after ``n`` cached ones is at ``n + d``).
             cos_sin: rows from :meth:`cos_sin` instead of ``positions``: computed once per forward
                 and shared by the layers (no range read, no gather per layer).
             seq_dim: sequence axis of ``q`` and ``k``.
             inplace: rotate ``q`` and ``k`` in place.
-            assume_in_table: promise that every position lies in ``[0, max_seq_len)``.
+            assume_valid: promise that every position lies in ``[0, max_seq_len)``, so that their
+                range is not read from the device (the lookup stays bounds-checked).
+            assume_in_table: old name of ``assume_valid`` (deprecated).
         """
+        assume_valid = renamed("MultimodalRotaryEmbedding", "assume_in_table", "assume_valid",
+                                       assume_in_table, assume_valid, False,
+                                       tracing=torch.compiler.is_compiling())
         sd = check_qk(q, k, seq_dim, self.dim)
         _validate.check_bool("inplace", inplace)
-        _validate.check_bool("assume_in_table", assume_in_table)
+        _validate.check_bool("assume_valid", assume_valid)
         if inplace and inplace_pair_overlaps(q, k):                      # views of one buffer: rotate, then copy
             qr, kr = self.forward(q, k, positions=positions, offset=offset, cos_sin=cos_sin, seq_dim=sd,
-                                  assume_in_table=assume_in_table)
+                                  assume_valid=assume_valid)
             return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
         length = q.shape[sd]
         batch = q.shape[0] if sd > 0 else None
@@ -284,16 +304,16 @@ class MultimodalRotaryEmbedding(TableModule):
             offset = check_offset(offset)
             if not tracing:
                 check_position_bounds("positions", offset, offset + max(length, 1) - 1)
-            positions = torch.arange(length, device=device).add_(offset).expand(3, -1)        # (3, S) text
+            positions = torch.arange(length, device=device).add_(offset).unsqueeze(-1).expand(-1, 3)   # (S, 3) text
             known = None if tracing else (offset, offset + length - 1)
         else:
             if not (type(offset) is int and offset == 0):
                 raise ValueError("pass either positions or offset, not both (add the offset to positions)")
-            positions = check_mrope_positions(positions)
-            fits = positions.shape[-1] == length and (
-                positions.dim() == 2 or positions.dim() == 3 and batch is not None and positions.shape[1] in (1, batch))
+            positions = check_mrope_positions(positions, "MultimodalRotaryEmbedding")
+            fits = positions.shape[-2] == length and (
+                positions.dim() == 2 or positions.dim() == 3 and batch is not None and positions.shape[0] in (1, batch))
             if not fits:
-                allowed = "(3, S)" if batch is None else f"(3, S) or (3, B, S) with B={batch}"
+                allowed = "(S, 3)" if batch is None else f"(S, 3) or (B, S, 3) with B={batch}"
                 raise ValueError(f"positions must have shape {allowed}, S={length}; got {tuple(positions.shape)}")
             if positions.device != device:
                 raise ValueError(f"positions are on {positions.device} but q on {device}; move them with .to()")
@@ -302,7 +322,7 @@ class MultimodalRotaryEmbedding(TableModule):
             return (q if inplace else q.clone()), (None if k is None else (k if inplace else k.clone()))
         work = working_dtype(q.dtype)
         table = from_table("positions", positions, self.max_seq_len, table_ok=work == torch.float32,
-                           assume=assume_in_table, known=known)
+                           assume=assume_valid, known=known)
         cos, sin = self._rows(positions, table, work)
         if cos.dim() == 3 and cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]                                     # one row set shared by the batch
@@ -333,13 +353,13 @@ class MultimodalRotaryEmbedding(TableModule):
 
     def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
         """Rotate queries at ``positions (..., S, 3)`` and keys at ``key_positions`` (axes t, h, w last,
-        as ``posenc.attention`` passes per-axis coordinates: ``mrope_positions(...)[0].movedim(0, -1)``)."""
+        as :func:`posenc.mrope_positions` returns them)."""
         if k is not None and key_positions is positions and q.shape[2] == k.shape[2]:
-            return self(q, k, positions=positions.movedim(-1, 0), assume_in_table=assume_in_table)
-        q = self(q, positions=positions.movedim(-1, 0), assume_in_table=assume_in_table)[0]
+            return self(q, k, positions=positions, assume_valid=assume_in_table)
+        q = self(q, positions=positions, assume_valid=assume_in_table)[0]
         if k is None:
             return q, None
-        return q, self(k, positions=key_positions.movedim(-1, 0), assume_in_table=assume_in_table)[0]
+        return q, self(k, positions=key_positions, assume_valid=assume_in_table)[0]
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """Rotary embeddings add no bias."""

@@ -10,6 +10,7 @@ from posenc import _validate
 from posenc._torch.checks import check_embeddings, check_float_dtype, check_same_device
 from posenc._torch.tables import TableModule
 from posenc.core import sincos_nd as core_sincos_nd
+from posenc.core.sincos_nd import old_argument_order
 from posenc.functional.sincos_nd import sincos_table_nd
 
 __all__ = ["SinusoidalEncodingND"]
@@ -40,8 +41,10 @@ class SinusoidalEncodingND(TableModule):
     ``torch.export`` records the table of the given grid as a constant.
 
     Args:
-        dim: number of features ``D``: divisible by 4 for a 2-D grid, by 16 for a 3-D grid.
         grid_shape: ``(H, W)`` or ``(T, H, W)`` patches precomputed (``(S,)`` also works).
+        dim: number of features ``D``: divisible by 4 for a 2-D grid, by 16 for a 3-D grid.  The
+            old order ``SinusoidalEncodingND(dim, grid_shape)`` (an int first, a tuple or list
+            second) still works for one release, with a ``DeprecationWarning``.
         base: frequency base (10000).
         prefix_tokens: leading tokens (class, registers) that get a zero encoding.
         order: ``"mae"`` or ``"timm"`` (2-D only).
@@ -56,7 +59,7 @@ class SinusoidalEncodingND(TableModule):
         ``x``: ``(B, N, D)`` or ``(N, D)`` with ``N = prefix_tokens + prod(grid_shape)``; output: like ``x``.
 
     Examples:
-        >>> enc = SinusoidalEncodingND(8, (2, 3), prefix_tokens=1)
+        >>> enc = SinusoidalEncodingND((2, 3), 8, prefix_tokens=1)
         >>> enc(torch.zeros(4, 7, 8)).shape
         torch.Size([4, 7, 8])
         >>> enc(torch.zeros(1, 5, 8), grid_shape=(2, 2))[0, 2]      # token (h, w) = (0, 1)
@@ -79,8 +82,8 @@ class SinusoidalEncodingND(TableModule):
 
     def __init__(
         self,
-        dim: int,
         grid_shape: tuple[int, ...],
+        dim: int,
         *,
         base: float = 10000.0,
         prefix_tokens: int = 0,
@@ -92,6 +95,7 @@ class SinusoidalEncodingND(TableModule):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        grid_shape, dim = old_argument_order(grid_shape, dim)
         (self.grid_shape, self.dim, self.base, self.prefix_tokens, self.order, self.base_size,
          self.interpolation_scale) = core_sincos_nd.check_table_args(
             grid_shape, dim, base, prefix_tokens, order, base_size, interpolation_scale)
@@ -188,7 +192,7 @@ class SinusoidalEncodingND(TableModule):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.dim}, grid_shape={self.grid_shape}, base={self.base:g}, prefix_tokens={self.prefix_tokens}, "
+            f"grid_shape={self.grid_shape}, dim={self.dim}, base={self.base:g}, prefix_tokens={self.prefix_tokens}, "
             f"order={self.order!r}, base_size={self.base_size}, interpolation_scale={self.interpolation_scale}, "
             f"scale={self.scale:g}"
         )
