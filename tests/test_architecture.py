@@ -202,7 +202,8 @@ def test_the_old_models_path_still_imports_with_a_deprecation_warning():
     assert out.split() == ["True", "6"]
 
 
-ROTARY_ENTRY_MODULES = ["nn/rotary.py", "functional/rope.py", "functional/norm_rope.py", "functional/cache.py"]
+ROTARY_ENTRY_MODULES = ["nn/rotary.py", "nn/axial_rotary.py", "nn/mrope.py", "functional/rope.py",
+                        "functional/norm_rope.py", "functional/cache.py"]
 
 
 @pytest.mark.parametrize("rel", ROTARY_ENTRY_MODULES)
@@ -218,11 +219,7 @@ def test_rotary_entry_points_decide_through_the_one_pipeline(rel):
 PROTOCOL = ("attention_qk", "attention_bias", "attention_score_mod")
 
 
-_NOT_YET = {"axial_rotary.py", "mrope.py"}       # moved onto the pipeline in the next change
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True)) if p.name in _NOT_YET else p
-                                  for p in sorted((ROOT / "nn").glob("*.py"))], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "nn").glob("*.py")), ids=lambda p: p.name)
 def test_protocol_methods_never_reenter_public_methods(path):
     """What ``posenc.attention`` calls trusts its checked arguments: no ``self(...)``,
     ``self.forward(...)`` or ``self.rotate(...)`` (which would validate them again)."""

@@ -12,7 +12,7 @@ from torch import nn
 from posenc import _validate
 from posenc._deprecate import UNSET, renamed
 from posenc._torch.angles import _no_autocast, exact_cos_sin, working_dtype
-from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
+from posenc._torch.backend import check_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
     check_qk,
@@ -20,6 +20,7 @@ from posenc._torch.checks import (
     from_table,
     inplace_pair_overlaps,
 )
+from posenc._torch.rope_call import check_flags, choose_engine, promise
 from posenc._torch.rows import check_given_rows
 from posenc._torch.tables import TableModule
 from posenc.core import axial as core_axial
@@ -229,9 +230,8 @@ class AxialRotaryEmbedding(TableModule):
         promises that every coordinate lies in ``[0, max_seq_len)`` (no device read);
         ``assume_in_table`` is its old name (deprecated).
         """
-        assume_valid = renamed("AxialRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid",
-                                       assume_in_table, assume_valid, False,
-                                       tracing=torch.compiler.is_compiling())
+        if assume_in_table is not UNSET:
+            assume_valid = promise("AxialRotaryEmbedding.cos_sin", assume_in_table, assume_valid)
         _validate.check_bool("assume_valid", assume_valid)
         check_float_dtype("dtype", dtype)
         positions = functional_axial.check_axial_positions("positions", positions, self.n_axes)
@@ -306,21 +306,13 @@ class AxialRotaryEmbedding(TableModule):
                 their range is not read from the device (the lookup stays bounds-checked).
             assume_in_table: old name of ``assume_valid`` (deprecated).
         """
-        assume_valid = renamed("AxialRotaryEmbedding", "assume_in_table", "assume_valid",
-                                       assume_in_table, assume_valid, False,
-                                       tracing=torch.compiler.is_compiling())
+        if assume_in_table is not UNSET:
+            assume_valid = promise("AxialRotaryEmbedding", assume_in_table, assume_valid)
         sd = check_qk(q, k, seq_dim, self.dim)
-        _validate.check_bool("inplace", inplace)
-        _validate.check_bool("assume_valid", assume_valid)
-        if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
-            qr, kr = self.forward(q, k, positions=positions, cos_sin=cos_sin, seq_dim=sd,
-                                  assume_valid=assume_valid)
-            return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
+        check_flags(inplace, assume_valid)
         if self.learned:
             self._check_learned_heads(q, k, sd)
-        rows = self._call_rows(q, sd, positions, cos_sin, assume_valid)
-        engine = self._engine(q, k, sd, rows[0])
-        return self._rotate(engine, q, k, sd, rows, inplace)
+        return self._rotate(q, k, sd, self._call_rows(q, sd, positions, cos_sin, assume_valid), inplace)
 
     def rotate(
         self,
@@ -334,9 +326,8 @@ class AxialRotaryEmbedding(TableModule):
         assume_in_table: Any = UNSET,
     ) -> torch.Tensor:
         """Rotate one tensor (queries or keys) at its own positions; see :meth:`forward`."""
-        assume_valid = renamed("AxialRotaryEmbedding.rotate", "assume_in_table", "assume_valid",
-                                       assume_in_table, assume_valid, False,
-                                       tracing=torch.compiler.is_compiling())
+        if assume_in_table is not UNSET:
+            assume_valid = promise("AxialRotaryEmbedding.rotate", assume_in_table, assume_valid)
         return self.forward(x, None, positions=positions, cos_sin=cos_sin, seq_dim=seq_dim, inplace=inplace,
                             assume_valid=assume_valid)[0]
 
@@ -378,24 +369,26 @@ class AxialRotaryEmbedding(TableModule):
             raise ValueError(f"positions must have shape {allowed}; got {tuple(positions.shape)}")
         if positions.device != device:
             raise ValueError(f"positions are on {positions.device} but q on {device}; move them with .to()")
-        if self.half_perm.device != device:
+        return self._rows_at(q, positions, assume)
+
+    def _rows_at(self, q, positions, assume):
+        """Step 2 for checked ``positions`` ``(S, n)``/``(B, S, n)``: the rows, gathered or computed."""
+        if self.half_perm.device != q.device:
             check_same_device("q", q, "the tables", self.half_perm.device)
-        if lead and lead[0] == 1:
+        if positions.dim() == 3 and positions.shape[0] == 1:
             positions = positions[0]                                     # shared by the batch: (S, n)
         if self.learned:
             return ("cos_sin", *self._learned_cos_sin(positions, working_dtype(q.dtype)))
         return self._fixed_rows(positions, working_dtype(q.dtype), assume)
 
-    def _engine(self, q, k, sd, kind):
-        """The engine for this call, decided once (no device reads)."""
-        if not kernel_possible(self.backend, q):
-            return rope_engine("torch")
-        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
-        if why is None and self.learned:
-            why = "learned (RoPE-Mixed) frequencies give every head its own rows, which the torch engine applies"
-        return rope_engine(resolve_rope_backend(self.backend, q, why))
-
-    def _rotate(self, engine, q, k, sd, rows, inplace):
+    def _rotate(self, q, k, sd, rows, inplace):
+        """Steps 3 and 4: the engine, decided once, rotates q and k by the call's rows."""
+        if inplace and inplace_pair_overlaps(q, k):                    # views of one buffer: rotate, then copy
+            qr, kr = self._rotate(q, k, sd, rows, False)
+            return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
+        why = "learned (RoPE-Mixed) frequencies give every head its own rows, which the torch engine applies" if (
+            self.learned) else None
+        engine = rope_engine(choose_engine(self.backend, q, k, sd, why))
         kind, *tables = rows
         # (learned frequencies mix every axis: no per-axis blocks, "half" pairs (j, j + dim/2) over the whole)
         half = self.layout == "half" and self.n_axes > 1 and not self.learned
@@ -446,12 +439,19 @@ class AxialRotaryEmbedding(TableModule):
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
-        """Rotate queries at ``positions (.., S, n_axes)`` and keys at ``key_positions``."""
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_valid):
+        """Rotate queries at ``positions (.., S, n_axes)`` and keys at ``key_positions`` (checked by
+        ``posenc.attention``: this enters the pipeline after its validation step)."""
+        if q.shape[-1] < self.dim:                         # the one thing attention cannot know: our dim
+            raise ValueError(f"q has head dim {q.shape[-1]} < rotary dim {self.dim}; build the embedding for a "
+                             f"rotary dim <= the head dim")
+        if self.learned:
+            self._check_learned_heads(q, k, 2)
         if k is not None and key_positions is positions and q.shape[2] == k.shape[2]:
-            return self(q, k, positions=positions, assume_valid=assume_in_table)     # one range read, one gather
-        q = self.rotate(q, positions=positions, assume_valid=assume_in_table)
-        return q, None if k is None else self.rotate(k, positions=key_positions, assume_valid=assume_in_table)
+            return self._rotate(q, k, 2, self._rows_at(q, positions, assume_valid), False)   # one read, one gather
+        q = self._rotate(q, None, 2, self._rows_at(q, positions, assume_valid), False)[0]
+        return q, None if k is None else self._rotate(k, None, 2, self._rows_at(k, key_positions, assume_valid),
+                                                      False)[0]
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """Rotary embeddings add no bias."""

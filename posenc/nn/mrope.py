@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
 from posenc._torch.angles import exact_cos_sin, working_dtype
-from posenc._torch.backend import check_rope_backend, kernel_limits, kernel_possible, resolve_rope_backend
+from posenc._torch.backend import check_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
     check_offset,
@@ -17,8 +17,8 @@ from posenc._torch.checks import (
     check_qk,
     check_same_device,
     from_table,
-    inplace_pair_overlaps,
 )
+from posenc._torch.rope_call import check_flags, choose_engine, feed, promise
 from posenc._torch.rows import check_given_rows
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
@@ -207,9 +207,8 @@ class MultimodalRotaryEmbedding(TableModule):
         ``[0, max_seq_len)`` (no device read; the lookup stays bounds-checked); ``assume_in_table``
         is its old name (deprecated).
         """
-        assume_valid = renamed("MultimodalRotaryEmbedding.cos_sin", "assume_in_table", "assume_valid",
-                                       assume_in_table, assume_valid, False,
-                                       tracing=torch.compiler.is_compiling())
+        if assume_in_table is not UNSET:
+            assume_valid = promise("MultimodalRotaryEmbedding.cos_sin", assume_in_table, assume_valid)
         positions = check_mrope_positions(positions, "MultimodalRotaryEmbedding.cos_sin")
         if positions.device != self.cos_table.device:
             check_same_device("positions", positions, "the tables", self.cos_table.device)
@@ -279,16 +278,10 @@ class MultimodalRotaryEmbedding(TableModule):
                 range is not read from the device (the lookup stays bounds-checked).
             assume_in_table: old name of ``assume_valid`` (deprecated).
         """
-        assume_valid = renamed("MultimodalRotaryEmbedding", "assume_in_table", "assume_valid",
-                                       assume_in_table, assume_valid, False,
-                                       tracing=torch.compiler.is_compiling())
+        if assume_in_table is not UNSET:
+            assume_valid = promise("MultimodalRotaryEmbedding", assume_in_table, assume_valid)
         sd = check_qk(q, k, seq_dim, self.dim)
-        _validate.check_bool("inplace", inplace)
-        _validate.check_bool("assume_valid", assume_valid)
-        if inplace and inplace_pair_overlaps(q, k):                      # views of one buffer: rotate, then copy
-            qr, kr = self.forward(q, k, positions=positions, offset=offset, cos_sin=cos_sin, seq_dim=sd,
-                                  assume_valid=assume_valid)
-            return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
+        check_flags(inplace, assume_valid)
         length = q.shape[sd]
         batch = q.shape[0] if sd > 0 else None
         device = q.device
@@ -320,46 +313,52 @@ class MultimodalRotaryEmbedding(TableModule):
             known = None
         if not tracing and not length:
             return (q if inplace else q.clone()), (None if k is None else (k if inplace else k.clone()))
-        work = working_dtype(q.dtype)
+        cos, sin = self._rows_at(positions, q.dtype, assume_valid, known)
+        return self._rotate(q, k, sd, cos, sin, inplace)
+
+    def _rows_at(self, positions, dtype, assume, known=None):
+        """Step 2 for checked ``(S, 3)``/``(B, S, 3)`` positions: table rows or exact ones, ``(S, h)``
+        when shared by the batch, else ``(B, S, h)``."""
+        work = working_dtype(dtype)
         table = from_table("positions", positions, self.max_seq_len, table_ok=work == torch.float32,
-                           assume=assume_valid, known=known)
+                           assume=assume, known=known)
         cos, sin = self._rows(positions, table, work)
         if cos.dim() == 3 and cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]                                     # one row set shared by the batch
-        return self._rotate(q, k, sd, cos, sin, inplace)
+        return cos, sin
 
     def _rotate(self, q, k, sd, cos, sin, inplace):
-        """Rotate by rows ``(S, h)`` (shared by the batch) or ``(B, S, h)``."""
-        device = q.device
-        engine = self._engine(q, k, sd)
+        """Steps 3 and 4: rotate by rows ``(S, h)`` (shared by the batch) or ``(B, S, h)``."""
+        engine = rope_engine(choose_engine(self.backend, q, k, sd))
         if cos.dim() == 2:                                                # (S, h)
-            return engine(q, k, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout, seq_dim=sd,
-                          inplace=inplace)
-        index = torch.arange(cos.shape[0] * cos.shape[1], device=device).view(cos.shape[:2])   # (B, S) rows
-        return engine(q, k, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
-                      layout=self.layout, seq_dim=sd, inplace=inplace)
-
-    def _engine(self, q, k, sd):
-        """The engine for this call, decided once (no device reads)."""
-        if not kernel_possible(self.backend, q):
-            return rope_engine("torch")
-        why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
-        return rope_engine(resolve_rope_backend(self.backend, q, why))
+            return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout,
+                        seq_dim=sd)
+        index = torch.arange(cos.shape[0] * cos.shape[1], device=q.device).view(cos.shape[:2])   # (B, S) rows
+        return feed(engine, q, k, inplace, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
+                    layout=self.layout, seq_dim=sd)
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
     #: posenc.attention passes per-axis coordinates, axes last: ``(S, 3)`` or ``(B, S, 3)``
     position_axes = 3
 
-    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_in_table):
+    def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_valid):
         """Rotate queries at ``positions (..., S, 3)`` and keys at ``key_positions`` (axes t, h, w last,
-        as :func:`posenc.mrope_positions` returns them)."""
+        as :func:`posenc.mrope_positions` returns them), checked by ``posenc.attention``: this enters the
+        pipeline after its validation step."""
+        if q.shape[-1] < self.dim:                         # the one thing attention cannot know: our dim
+            raise ValueError(f"q has head dim {q.shape[-1]} < rotary dim {self.dim}; build the embedding for a "
+                             f"rotary dim <= the head dim")
+        if q.device != self.cos_table.device:
+            check_same_device("q", q, "the tables", self.cos_table.device)
+        cos, sin = self._rows_at(positions, q.dtype, assume_valid)
         if k is not None and key_positions is positions and q.shape[2] == k.shape[2]:
-            return self(q, k, positions=positions, assume_valid=assume_in_table)
-        q = self(q, positions=positions, assume_valid=assume_in_table)[0]
+            return self._rotate(q, k, 2, cos, sin, False)                        # one range read, one gather
+        q = self._rotate(q, None, 2, cos, sin, False)[0]
         if k is None:
             return q, None
-        return q, self(k, positions=key_positions, assume_valid=assume_in_table)[0]
+        cos, sin = self._rows_at(key_positions, k.dtype, assume_valid)
+        return q, self._rotate(k, None, 2, cos, sin, False)[0]
 
     def attention_bias(self, positions, key_positions, *, num_heads, dtype):
         """Rotary embeddings add no bias."""
