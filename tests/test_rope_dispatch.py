@@ -88,6 +88,15 @@ def test_one_validation_and_one_decision_per_call(monkeypatch, name):
     monkeypatch.setattr(rope_call, "check_qk", counting("check_qk", rope_call.check_qk))
     for module in (R, rotary_module):                 # the engine is looked up once per call, after the decision
         monkeypatch.setattr(module, "rope_engine", counting("resolve", module.rope_engine))
+        # a decode step is checked and decided at once (decode_step), then rotated by decode_qk
+        monkeypatch.setattr(module, "decode_qk", counting("resolve", module.decode_qk))
+        decode_step = module.decode_step
+
+        def checked_step(*a, _step=decode_step, **kw):
+            sd = _step(*a, **kw)
+            counts["check_qk"] += bool(sd)
+            return sd
+        monkeypatch.setattr(module, "decode_step", checked_step)
     public_calls("auto")[name]()
     assert counts == {"check_qk": 1, "resolve": 1}
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import cast
 
 import torch
 
@@ -45,6 +46,7 @@ from posenc._torch.rope_call import (
     check_flags,
     check_table_options,
     choose_engine,
+    decode_step,
     feed,
     promise,
     table_positions_ok,
@@ -57,6 +59,7 @@ from posenc.core import rope as core_rope
 from posenc.core.notices import LOGGER_NAME
 from posenc.core.rope import ROPE_LAYOUTS
 from posenc.kernels import rope_engine, torch_rope
+from posenc.kernels.torch_rope import decode_qk
 
 __all__ = [
     "apply_rope",
@@ -403,6 +406,14 @@ def apply_rope_qk(
         >>> torch.equal(packed[3:], alone[0])
         True
     """
+    if positions is None and cu_seqlens is None and inplace is False and layout in ROPE_LAYOUTS and (
+            (backend == "auto" or backend == "torch") and type(cos) is torch.Tensor and type(sin) is torch.Tensor):
+        # a decode step at a host-known offset inside float32 tables of one shape: its cost floor
+        sd = decode_step(q, k, seq_dim, 2 * cos.shape[-1], offset, cos, backend) if (
+            cos.dtype == torch.float32 and cos.shape == sin.shape and cos.dim() == 2
+            and sin.device == cos.device) else 0
+        if sd:
+            return decode_qk(q, cast(torch.Tensor, k), offset, layout, sd, cos=cos, sin=sin)
     if assume_in_table is not UNSET:
         assume_valid = promise("apply_rope_qk", assume_in_table, assume_valid)
     if cu_seqlens is not None:

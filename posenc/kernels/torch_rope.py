@@ -320,3 +320,49 @@ def _rotate_small_packed(q, k, packed, positions, offset, seq_len, seq_dim, layo
         h = rows.shape[-1] // 2
         factors = (torch.view_as_complex(rows.unflatten(-1, (h, 2))),)
     return _rotate_small_qk(q, k, factors, h, layout, inplace, seq_dim)
+
+
+def decode_qk(q: torch.Tensor, k: torch.Tensor, offset: int, layout: str, seq_dim: int, *,
+              packed: torch.Tensor | None = None, cos: torch.Tensor | None = None,
+              sin: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step at its cost floor: the few torch calls of the small path and nothing else.
+
+    For the caller that has established, on the host, the one case it serves
+    (:func:`posenc._torch.rope_call.decode_step`): ``q (1, H, S, D)`` and ``k (1, H_k, S, D)``
+    (``seq_dim=2``; or ``(1, S, H, D)`` with ``seq_dim=1``) of one floating dtype other than
+    float64, ``D`` the rotary dim, no autograd, not tracing, positions ``offset .. offset + S - 1``
+    inside the float32 tables: ``packed`` (:func:`pack_tables`, as ``RotaryEmbedding`` keeps them)
+    or ``cos``/``sin`` ``(P, D/2)``.  q and k are rotated as one tensor (concatenated along the
+    heads) and returned as two views of it.
+    """
+    length = q.shape[seq_dim]
+    head = 3 - seq_dim                                                     # the heads' axis
+    both = torch.cat([q, k], head)                                         # (1, H + H_k, S, D) or (1, S, H + H_k, D)
+    if packed is not None:
+        rows = packed[offset] if length == 1 else packed.narrow(0, offset, length)    # (4h | 2h,) or (S, ...)
+        if layout == "half":
+            a, b = rows.chunk(2, -1)                                       # [cos | cos], [-sin | sin]
+        else:
+            cis = torch.view_as_complex(rows.unflatten(-1, (rows.shape[-1] // 2, 2)))   # cos + i sin per pair
+    else:
+        c, s = (cos[offset], sin[offset]) if length == 1 else (cos.narrow(0, offset, length),   # type: ignore[index, union-attr]
+                                                                sin.narrow(0, offset, length))  # type: ignore[union-attr]
+        if layout == "half":
+            a, b = torch.cat([c, c], -1), torch.cat([-s, s], -1)
+        else:
+            cis = torch.complex(c, s)
+    if layout == "half":
+        if length > 1 and seq_dim == 1:
+            a, b = a.unsqueeze(1), b.unsqueeze(1)                          # (S, 1, D) against (1, S, H, D)
+        rot = both * a                                                     # float32 even for half-precision x
+        rot.addcmul_(both.roll(a.shape[-1] // 2, -1), b)
+    else:
+        if length > 1 and seq_dim == 1:
+            cis = cis.unsqueeze(1)
+        work = both if both.dtype == torch.float32 else both.float()
+        h = cis.shape[-1]
+        rot = torch.view_as_real(torch.view_as_complex(work.unflatten(-1, (h, 2))) * cis).flatten(-2)
+    if rot.dtype != q.dtype:
+        rot = rot.to(q.dtype)                                              # one rounding
+    q_out, k_out = rot.split_with_sizes([q.shape[head], k.shape[head]], head)
+    return q_out, k_out

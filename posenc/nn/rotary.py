@@ -17,7 +17,7 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
 )
-from posenc._torch.rope_call import check_call, check_flags, choose_engine, feed, promise
+from posenc._torch.rope_call import check_call, check_flags, choose_engine, decode_step, feed, promise
 from posenc._torch.rows import guard_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
@@ -25,7 +25,7 @@ from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
 from posenc.kernels import rope_engine
-from posenc.kernels.torch_rope import pack_tables, unpack_tables
+from posenc.kernels.torch_rope import decode_qk, pack_tables, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
 
@@ -147,6 +147,8 @@ class RotaryEmbedding(TableModule):
         )
         # the table's frequencies serve every call (no length-dependent rule, no xPos scales)
         self._plain = not self._length_dependent and self.xpos_scale_base is None
+        # a decode step may take the torch engine's floor (backend="triton" always asks for the kernel)
+        self._decode_ok = self._plain and self.backend != "triton"
         h = self.dim // 2
         self.register_buffer("inv_freq_table", torch.empty(h, device=device, dtype=torch.float64), persistent=False)
         self.register_buffer("turns", torch.empty(4, h, device=device, dtype=torch.float64), persistent=False)
@@ -287,6 +289,11 @@ class RotaryEmbedding(TableModule):
                 sequence alone, length-dependent rules included (each sequence with its own
                 length, unless ``seq_len`` is given).  ``seq_dim`` is not used.
         """
+        if positions is None and cu_seqlens is None and inplace is False and self._decode_ok and assume_in_table is UNSET:
+            table = cast(torch.Tensor, self._buffers["packed_table"])
+            sd = decode_step(q, k, seq_dim, self.dim, offset, table, self.backend)
+            if sd:                  # a plain decode step at a host-known offset inside the table: its cost floor
+                return decode_qk(q, cast(torch.Tensor, k), offset, self.layout, sd, packed=table)
         if assume_in_table is not UNSET:
             assume_valid = promise("RotaryEmbedding", assume_in_table, assume_valid)
         if cu_seqlens is not None:
