@@ -41,6 +41,7 @@ from typing import cast
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET, renamed
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import hf_config as core_hf_config
@@ -83,7 +84,7 @@ def _set(patches: list, obj: object, name: str, value: object) -> None:
         setattr(obj, name, value)
 
 
-def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> torch.nn.Module:
+def patch_model(model: torch.nn.Module, *, assume_valid: bool = False, assume_in_table: bool = UNSET) -> torch.nn.Module:
     """Make ``model`` compute its positional encoding with posenc, in place; returns ``model``.
 
     Supported: the model types in :data:`SUPPORTED_MODEL_TYPES` (any head, e.g. ``...ForCausalLM``
@@ -97,27 +98,31 @@ def patch_model(model: torch.nn.Module, *, assume_in_table: bool = False) -> tor
 
     Args:
         model: a loaded transformers model.
-        assume_in_table: for RoPE models, promise that every position lies below the rotary tables'
+        assume_valid: for RoPE models, promise that every position lies below the rotary tables'
             rows (``min(max_position_embeddings, 16384)``) and that no length-dependent rule needs
             the current length: cos/sin are then looked up without reading the positions back
             from the device (what ``torch.compile(fullgraph=True)`` and CUDA graphs need).  The
             lookup stays bounds-checked.  Without it, each forward reads the positions' range
             once, and under ``torch.compile`` the values are computed exactly instead.
+        assume_in_table: the old name of ``assume_valid`` (deprecated; it still works for now).
 
     Raises:
         ValueError: an unsupported model, or a configuration posenc cannot read exactly (e.g. MPT
             with ``alibi_bias_max`` other than 8, multimodal RoPE with a length-dependent scaling rule).
     """
+    if assume_in_table is not UNSET:
+        _validate.check_bool("assume_in_table", assume_in_table)
+        assume_valid = renamed("patch_model", "assume_in_table", "assume_valid", assume_in_table, assume_valid, False)
     model_type = _model_type(model)
-    _validate.check_bool("assume_in_table", assume_in_table)
+    _validate.check_bool("assume_valid", assume_valid)
     if getattr(model, _PATCH_ATTR, None):
         return model
     patches: list = []
     try:
         if model_type in _ROPE_TYPES:
-            _patch_rotary(model, model_type, patches, assume_in_table)
+            _patch_rotary(model, model_type, patches, assume_valid)
         elif model_type in _MROPE_TYPES:
-            _patch_mrope(model, patches, assume_in_table)
+            _patch_mrope(model, patches, assume_valid)
         elif model_type == "gptj":
             _patch_gptj(model, patches)
         elif model_type == "bloom":
@@ -144,11 +149,16 @@ def unpatch_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def patched(model: torch.nn.Module, *, assume_in_table: bool = False) -> Iterator[torch.nn.Module]:
+def patched(model: torch.nn.Module, *, assume_valid: bool = False,
+            assume_in_table: bool = UNSET) -> Iterator[torch.nn.Module]:
     """``with patched(model): ...`` runs the block with ``model`` patched, and restores it after (a
-    model that was patched already stays patched)."""
+    model that was patched already stays patched).  ``assume_valid`` as for :func:`patch_model`
+    (``assume_in_table`` is its deprecated old name)."""
+    if assume_in_table is not UNSET:
+        _validate.check_bool("assume_in_table", assume_in_table)
+        assume_valid = renamed("patched", "assume_in_table", "assume_valid", assume_in_table, assume_valid, False)
     already = bool(getattr(model, _PATCH_ATTR, None))
-    patch_model(model, assume_in_table=assume_in_table)
+    patch_model(model, assume_valid=assume_valid)
     try:
         yield model
     finally:
@@ -181,7 +191,7 @@ def _log_rope_layout(model: torch.nn.Module, rotary_dim: int, what: str) -> None
     )
 
 
-def _patch_rotary(model: torch.nn.Module, model_type: str, patches: list, assume_in_table: bool) -> None:
+def _patch_rotary(model: torch.nn.Module, model_type: str, patches: list, assume_valid: bool) -> None:
     interleaved_cos = model_type == "cohere"                                 # cos/sin repeated per pair
     count, kinds, rotary_dims = 0, set[str](), set[int]()              # what the INFO record reports
     for name, module in model.named_modules():
@@ -193,7 +203,7 @@ def _patch_rotary(model: torch.nn.Module, model_type: str, patches: list, assume
             # transformers 4.x Gemma-3: one rotary module per layer type, the local one on a config copy
             layer_types = ["sliding_attention" if name.endswith("_local") else "full_attention"]
         tables = torch.nn.ModuleDict({
-            str(t): _HFRotaryTables(module.config, t, interleaved_cos, assume_in_table).to(device) for t in layer_types
+            str(t): _HFRotaryTables(module.config, t, interleaved_cos, assume_valid).to(device) for t in layer_types
         })
         _set(patches, module, "_posenc_tables", tables)
         _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
@@ -218,9 +228,9 @@ class _HFRotaryTables(TableModule):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, config, layer_type: str | None, interleaved_cos: bool, assume_in_table: bool) -> None:
+    def __init__(self, config, layer_type: str | None, interleaved_cos: bool, assume_valid: bool) -> None:
         super().__init__()
-        self.assume_in_table = assume_in_table
+        self.assume_valid = assume_valid
         rows = min(int(getattr(config, "max_position_embeddings", 4096) or 4096), _MAX_TABLE_ROWS)
         self.rope = RotaryEmbedding.from_hf_config(config, layer_type=layer_type, max_seq_len=rows)
         self.interleaved_cos = interleaved_cos
@@ -235,7 +245,7 @@ class _HFRotaryTables(TableModule):
         lie inside the table and no length-dependent rule changes the frequencies, else exact values
         computed for this call."""
         table_ok = dtype != torch.float64 and not self.rope.length_dependent
-        if table_ok and self.assume_in_table:                                    # promised: no device reads
+        if table_ok and self.assume_valid:                                    # promised: no device reads
             return table_rows(self.cos, position_ids, 0, 0).to(dtype), table_rows(self.sin, position_ids, 0, 0).to(dtype)
         if table_ok and not torch.compiler.is_compiling():
             lo, hi = position_range(position_ids)                              # one small read
@@ -255,14 +265,14 @@ def _rotary_forward(self, x, position_ids, layer_type=None, **kwargs):
     return tables[key](position_ids, x.dtype)
 
 
-def _patch_mrope(model: torch.nn.Module, patches: list, assume_in_table: bool) -> None:
+def _patch_mrope(model: torch.nn.Module, patches: list, assume_valid: bool) -> None:
     for module in list(model.modules()):
         # the text model's rotary module (the vision encoder's has no mrope_section)
         if not (type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "mrope_section")
                 and hasattr(module, "config")):
             continue
         device = next((b.device for b in module.buffers()), torch.device("cpu"))
-        mrope = _HFMropeTables(module.config, assume_in_table).to(device)
+        mrope = _HFMropeTables(module.config, assume_valid).to(device)
         tables = torch.nn.ModuleDict({"None": mrope})
         _set(patches, module, "_posenc_tables", tables)
         _set(patches, module, "forward", types.MethodType(_rotary_forward, module))
@@ -273,9 +283,9 @@ class _HFMropeTables(torch.nn.Module):
     """posenc's M-RoPE for a Qwen2-VL-style text model, returning ``(B, S, d)`` cos/sin laid out as
     the model reads them (``[cos, cos]`` per row).  Its tables stay float32 under ``model.to(dtype)``."""
 
-    def __init__(self, config, assume_in_table: bool) -> None:
+    def __init__(self, config, assume_valid: bool) -> None:
         super().__init__()
-        self.assume_in_table = assume_in_table
+        self.assume_valid = assume_valid
         rows = min(int(getattr(config, "max_position_embeddings", 4096) or 4096), _MAX_TABLE_ROWS)
         self.rope = MultimodalRotaryEmbedding.from_hf_config(config, max_seq_len=rows)
 
@@ -286,7 +296,7 @@ class _HFMropeTables(torch.nn.Module):
             position_ids = position_ids[None]
         position_ids = position_ids.expand(3, -1, -1).movedim(0, -1)                 # (B, S, 3)
         work = torch.float64 if dtype == torch.float64 else torch.float32
-        cos, sin = self.rope.cos_sin(position_ids, dtype=work, assume_valid=self.assume_in_table and
+        cos, sin = self.rope.cos_sin(position_ids, dtype=work, assume_valid=self.assume_valid and
                                      work == torch.float32)
         return torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
 
