@@ -16,6 +16,10 @@
 
 Whatever runs after step 1 trusts its arguments: protocol methods that ``posenc.attention`` calls
 enter at step 2, never through a public method (which would validate again).
+
+The most frequent call, a decode step at a host-known offset inside the table, takes steps 1 to 3
+in one pass (:func:`decode_step`) and the torch engine's few calls for step 4
+(``kernels.torch_rope.decode_qk``): at that size a step costs its Python and its torch calls.
 """
 
 from __future__ import annotations
