@@ -116,9 +116,9 @@ def _onnx_session(model, args, dynamic_shapes, tmp_path):
 # ---- SinusoidalEncodingND --------------------------------------------------------------------------
 
 SINCOS = {
-    "2d_mae_cls": lambda: SinusoidalEncodingND(8, (2, 3), prefix_tokens=1),
-    "2d_timm_scaled": lambda: SinusoidalEncodingND(8, (3, 2), order="timm", scale=2.0),
-    "3d_base_size": lambda: SinusoidalEncodingND(16, (2, 2, 3), base_size=(2.0, 4.0, 4.0)),
+    "2d_mae_cls": lambda: SinusoidalEncodingND((2, 3), 8, prefix_tokens=1),
+    "2d_timm_scaled": lambda: SinusoidalEncodingND((3, 2), 8, order="timm", scale=2.0),
+    "3d_base_size": lambda: SinusoidalEncodingND((2, 2, 3), 16, base_size=(2.0, 4.0, 4.0)),
 }
 
 
