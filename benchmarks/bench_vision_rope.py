@@ -28,8 +28,9 @@ Peers, when installed:
 A third case, qwen2vl, times multimodal RoPE on Qwen2-VL-7B's attention shapes (28 query heads, 4 key
 heads, head dim 128, mrope_section (16, 24, 24)) for a prompt of 50 text tokens, four 448 x 448 images
 (1024 tokens) and 50 text tokens: posenc with its rows given (cos_sin(positions), once per forward) or
-from the (3, B, S) positions, against transformers' apply_rotary_pos_emb with the cos/sin of
-Qwen2VLRotaryEmbedding given, and with them rebuilt per call.
+from the (B, S, 3) positions (axes t, h, w last, as posenc.mrope_positions returns them), against
+transformers' apply_rotary_pos_emb with the cos/sin of Qwen2VLRotaryEmbedding given (from the same
+positions axes first, (3, B, S), as transformers takes them), and with them rebuilt per call.
 """
 
 from __future__ import annotations
@@ -213,20 +214,21 @@ MROPE_IMAGES, MROPE_TEXT, MROPE_SECTION = 4, 50, (16, 24, 24)
 
 
 def mrope_prompt() -> tuple[torch.Tensor, torch.Tensor]:
-    """``(3, 1, S)`` positions of the prompt (posenc.mrope_positions) and the float64 angles ``(S, 64)``."""
+    """``(1, S, 3)`` positions of the prompt (posenc.mrope_positions, axes t, h, w last) and the float64 angles
+    ``(S, 64)``."""
     kinds = torch.tensor([[0] * MROPE_TEXT + [1] * (256 * MROPE_IMAGES) + [0] * MROPE_TEXT])
     grids = torch.tensor([[1, 32, 32]] * MROPE_IMAGES)
     positions, _ = posenc.mrope_positions(torch.zeros_like(kinds), mm_token_type_ids=kinds, image_grid_thw=grids)
     axis = torch.repeat_interleave(torch.arange(3), torch.tensor(MROPE_SECTION))          # slot -> t, h, w
     theta = 10000.0 ** (-torch.arange(0, 128, 2, dtype=torch.float64) / 128)
-    angles = positions[:, 0].double()[axis].T * theta                                       # (S, 64)
+    angles = positions[0].double()[:, axis] * theta                                         # (S, 64)
     return positions, angles
 
 
 def run_mrope(dtype: torch.dtype, repeats: int) -> None:
     """Qwen2-VL-7B's attention: 28 query heads, 4 key heads, head dim 128, (B, H, S, D), half layout."""
-    positions, angles = mrope_prompt()
-    S = positions.shape[-1]
+    positions, angles = mrope_prompt()                                   # (1, S, 3): axes last
+    S = positions.shape[-2]
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 28, S, 128, generator=gen).to(dtype)
     k = torch.randn(1, 4, S, 128, generator=gen).to(dtype)
@@ -253,13 +255,14 @@ def run_mrope(dtype: torch.dtype, repeats: int) -> None:
         cfg = Qwen2VLConfig(hidden_size=28 * 128, num_attention_heads=28, num_key_value_heads=4,
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                              "mrope_section": list(MROPE_SECTION)}).get_text_config()
-        cos, sin = hf.Qwen2VLRotaryEmbedding(cfg)(q, positions)          # once per forward, shared by the layers
+        hf_positions = positions.movedim(-1, 0)                         # transformers takes them axes first: (3, 1, S)
+        cos, sin = hf.Qwen2VLRotaryEmbedding(cfg)(q, hf_positions)       # once per forward, shared by the layers
         impls.append(("transformers apply_rotary_pos_emb (cos/sin given)",
                       lambda: hf.apply_rotary_pos_emb(q, k, cos, sin)))
         errors.append((hf.apply_rotary_pos_emb(q, k, cos, sin)[0].double() - want).abs().max().item())
         rotary = hf.Qwen2VLRotaryEmbedding(cfg)
         impls.append(("transformers Qwen2VLRotaryEmbedding + apply_rotary_pos_emb",
-                      lambda: hf.apply_rotary_pos_emb(q, k, *rotary(q, positions))))
+                      lambda: hf.apply_rotary_pos_emb(q, k, *rotary(q, hf_positions))))
         errors.append(errors[-1])
     lim, times = [], [[] for _ in impls]
     for _ in range(repeats):

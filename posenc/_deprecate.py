@@ -32,7 +32,7 @@ def caller_stacklevel() -> int:
 
 def warn(message: str) -> None:
     """A ``DeprecationWarning`` at the user's line."""
-    warnings.warn(message, DeprecationWarning, stacklevel=caller_stacklevel() + 1)
+    warnings.warn(message, DeprecationWarning, stacklevel=caller_stacklevel())
 
 
 def renamed(where: str, old: str, new: str, old_value: Any, new_value: Any, default: Any, *,

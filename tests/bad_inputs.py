@@ -49,9 +49,11 @@ class Cases:
     def __init__(self) -> None:
         self.params: list = []
 
-    def bad(self, name: str, case_id: str, thunk: Callable[[], object], exc: type[Exception], match: str) -> None:
-        """A case that must raise ``exc`` with a message matching ``match`` (which names the argument)."""
-        self.params.append(pytest.param(name, thunk, (exc, match), None, id=f"{name}-{case_id}"))
+    def bad(self, name: str, case_id: str, thunk: Callable[[], object], exc: type[Exception], match: str,
+            marks=()) -> None:
+        """A case that must raise ``exc`` with a message matching ``match`` (which names the argument);
+        ``marks`` (e.g. a strict ``xfail`` naming a known package bug) go on the param."""
+        self.params.append(pytest.param(name, thunk, (exc, match), None, id=f"{name}-{case_id}", marks=marks))
 
     def good(self, name: str, case_id: str, thunk: Callable[[], object], check: Callable[[object], None]) -> None:
         """A valid unusual input: ``check`` compares the result with a float64 reference."""

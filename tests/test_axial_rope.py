@@ -47,7 +47,7 @@ def test_fixed_matches_oracle(layout, batched, seq_dim):
     B, H, S = 2, 3, 7
     pos = torch.randint(0, 9, (B, S, 3) if batched else (S, 3))
     q, k = torch.randn(B, H, S, D), torch.randn(B, 1, S, D)        # GQA: one key head
-    m = AxialRotaryEmbedding(axes_dims, base=base, layout=layout, max_positions=16)
+    m = AxialRotaryEmbedding(axes_dims, base=base, layout=layout, max_seq_len=16)
     ang = bhsd_angles(axial_angles(pos.numpy(), axes_dims, base))
     pr = axial_pairs(axes_dims, layout)
     qi, ki = (q, k) if seq_dim == -2 else (q.transpose(1, 2), k.transpose(1, 2))
@@ -61,7 +61,7 @@ def test_fixed_matches_oracle(layout, batched, seq_dim):
 
 def test_positions_outside_table_and_float64_are_computed_exactly():
     axes_dims = (4, 4)
-    m = AxialRotaryEmbedding(axes_dims, max_positions=8)
+    m = AxialRotaryEmbedding(axes_dims, max_seq_len=8)
     pos = torch.tensor([[0, 3], [7, 8], [-5, 300], [70000, 2]])
     q = torch.randn(1, 2, 4, 8)
     ang = axial_angles(pos.numpy(), axes_dims, 10000.0)
@@ -346,7 +346,7 @@ def test_triton_matches_torch_engine(layout, batched):
         ({"axes_dims": (4, 4.0)}, TypeError, r"axes_dims\[1\]"),
         ({"axes_dims": (4, 4), "learned": True}, ValueError, "num_heads"),
         ({"axes_dims": (4, 4), "num_heads": 2}, ValueError, "drop num_heads, or pass learned=True"),
-        ({"axes_dims": (4, 4), "learned": True, "num_heads": 2, "max_positions": 64}, ValueError, "drop max_positions"),
+        ({"axes_dims": (4, 4), "learned": True, "num_heads": 2, "max_seq_len": 64}, ValueError, "keeps no table: drop max_seq_len"),
         ({"axes_dims": (2, 4), "learned": True, "num_heads": 2}, ValueError, "multiple of 2 \\* n_axes"),
         ({"axes_dims": (4, 4), "layout": "neox"}, ValueError, "layout"),
         ({"axes_dims": (4, 4), "backend": "cuda"}, ValueError, "backend"),

@@ -214,10 +214,10 @@ for _id, _kw, _exc, _match in [
      r"sum\(axes_dims\) = 6 must be a multiple of 2 \* n_axes = 4"),
     ("learned-base-nan", {"learned": True, "num_heads": 2, "base": NAN}, ValueError, "base must be finite"),
     ("num_heads-fixed", {"num_heads": 2}, ValueError, "drop num_heads, or pass learned=True"),
-    ("max_positions-0", {"max_positions": 0}, ValueError, "max_positions must be >= 1"),
-    ("max_positions-negative", {"max_positions": -1}, ValueError, "max_positions must be >= 1"),
-    ("max_positions-float", {"max_positions": 4.0}, TypeError, "max_positions must be an int"),
-    ("max_positions-bool", {"max_positions": True}, TypeError, "max_positions must be an int"),
+    ("max_seq_len-0", {"max_seq_len": 0}, ValueError, "max_seq_len must be >= 1"),
+    ("max_seq_len-negative", {"max_seq_len": -1}, ValueError, "max_seq_len must be >= 1"),
+    ("max_seq_len-float", {"max_seq_len": 4.0}, TypeError, "max_seq_len must be an int"),
+    ("max_seq_len-bool", {"max_seq_len": True}, TypeError, "max_seq_len must be an int"),
     ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
 ]:
     bad("AxialRotaryEmbedding", f"init-{_id}", lambda kw=_kw: AxialRotaryEmbedding(**{"axes_dims": (4, 4), **kw}), _exc, _match)
@@ -249,11 +249,11 @@ for _id, _call, _exc, _match in [
     ("inplace-int", lambda m: m(_QA.clone(), positions=_PG, inplace=1), TypeError, "inplace must be a bool"),
     ("inplace-expanded", lambda m: m(_QA[:, :1].expand(1, 2, 6, 8), positions=_PG, inplace=True), ValueError,
      "q has elements that share memory"),
-    ("assume_in_table-str", lambda m: m(_QA, positions=_PG, assume_in_table="yes"), TypeError, "assume_in_table must be a bool"),
-    ("assume-broken-promise", lambda m: AxialRotaryEmbedding((4, 4), max_positions=2)(_QA, positions=_PG, assume_in_table=True),
-     ValueError, r"positions must lie in \[0, 2\) .*assume_(in_table|valid)=True"),
-    ("assume-broken-promise-negative", lambda m: m(_QA, positions=-_PG, assume_in_table=True), ValueError,
-     r"positions must lie in \[0, 1024\) .*assume_(in_table|valid)=True"),
+    ("assume_valid-str", lambda m: m(_QA, positions=_PG, assume_valid="yes"), TypeError, "assume_valid must be a bool"),
+    ("assume-broken-promise", lambda m: AxialRotaryEmbedding((4, 4), max_seq_len=2)(_QA, positions=_PG, assume_valid=True),
+     ValueError, r"positions must lie in \[0, 2\) .*assume_valid=True"),
+    ("assume-broken-promise-negative", lambda m: m(_QA, positions=-_PG, assume_valid=True), ValueError,
+     r"positions must lie in \[0, 1024\) .*assume_valid=True"),
     ("positions-and-cos_sin", lambda m: m(_QA, positions=_PG, cos_sin=m.cos_sin(_PG)), ValueError,
      "pass either positions or cos_sin"),
     ("cos_sin-not-a-pair", lambda m: m(_QA, cos_sin=torch.zeros(6, 4)), TypeError, "cos_sin must be the \\(cos, sin\\) pair"),
@@ -269,6 +269,10 @@ for _id, _call, _exc, _match in [
      r"learned \(RoPE-Mixed\) frequencies differ per head, so q must be 4-D"),
 ]:
     bad("AxialRotaryEmbedding", _id, lambda c=_call: c(AxialRotaryEmbedding((4, 4))), _exc, _match)
+# The old name with a bad value must be refused under that name, without a warning (as RotaryEmbedding,
+# apply_rope_qk and posenc.attention do)
+bad("AxialRotaryEmbedding", "assume_in_table-str", lambda: AxialRotaryEmbedding((4, 4))(
+    _QA, positions=_PG, assume_in_table="yes"), TypeError, "assume_in_table must be a bool")
 
 
 def _axial_qk(case_id, make_module, make_qk, kw, want, atol=1e-5):
@@ -310,10 +314,10 @@ _P16 = torch.tensor([[0, 9], [1, 1], [3, 0], [2, 5], [0, 0], [7, 7]], dtype=torc
 for _id, _module, _qk, _kw, _want, _atol in [
     ("negative-coordinates", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 2, 4, 8), rand(1, 1, 4, 8)),
      {"positions": _PNEG}, _axial_want(arr(_PNEG)), 1e-5),
-    ("int16-past-table", lambda: AxialRotaryEmbedding((4, 4), max_positions=4), lambda: (rand(2, 2, 6, 8), None),
+    ("int16-past-table", lambda: AxialRotaryEmbedding((4, 4), max_seq_len=4), lambda: (rand(2, 2, 6, 8), None),
      {"positions": _P16}, _axial_want(arr(_P16)), 1e-5),
     ("uint8-in-table-assumed", lambda: AxialRotaryEmbedding((2, 6)), lambda: (rand(1, 2, 6, 8), rand(1, 1, 6, 8)),
-     {"positions": _PG.to(torch.uint8), "assume_in_table": True}, _axial_want(arr(_PG), (2, 6)), 1e-5),
+     {"positions": _PG.to(torch.uint8), "assume_valid": True}, _axial_want(arr(_PG), (2, 6)), 1e-5),
     ("batch-shared-(1,S,n)", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(3, 2, 6, 8), rand(3, 1, 6, 8)),
      {"positions": _PG[None]}, _axial_want(arr(_PG)), 1e-5),
     ("per-row-(B,S,n)", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(2, 2, 6, 8), rand(2, 2, 6, 8)),
@@ -329,7 +333,7 @@ for _id, _module, _qk, _kw, _want, _atol in [
     ("bfloat16", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 2, 6, 8, dtype=torch.bfloat16),
                                                                  rand(1, 1, 6, 8, dtype=torch.bfloat16)),
      {"positions": _PG}, _axial_want(arr(_PG)), 3e-2),
-    ("bfloat16-half-past-table", lambda: AxialRotaryEmbedding((4, 4), layout="half", max_positions=1),
+    ("bfloat16-half-past-table", lambda: AxialRotaryEmbedding((4, 4), layout="half", max_seq_len=1),
      lambda: (rand(1, 2, 6, 8, dtype=torch.bfloat16), None), {"positions": _PG}, _axial_want(arr(_PG), layout="half"), 3e-2),
     ("float64", lambda: AxialRotaryEmbedding((4, 4)), lambda: (rand(1, 2, 6, 8, dtype=torch.float64), None),
      {"positions": _PG * 1000}, _axial_want(arr(_PG) * 1000), 1e-12),

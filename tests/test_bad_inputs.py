@@ -101,7 +101,7 @@ def test_keras_layers_reject_float_positions():
                 guarded(calls[name])
         elif name == "SinusoidalEncodingND":                             # a grid, not positions
             with pytest.raises(TypeError, match=r"grid_shape\[0\] must be an int"):
-                guarded(lambda: pk.SinusoidalEncodingND(4, (1, 2))(x, grid_shape=(1.0, 2)))
+                guarded(lambda: pk.SinusoidalEncodingND((1, 2), 4)(x, grid_shape=(1.0, 2)))
         else:                                                            # the scaling rules, shared with torch
             assert isinstance(obj, type) and issubclass(obj, RopeScaling), name
             args = {"LongRopeScaling": ([NAN], [1.0], 4), "ProportionalScaling": (NAN,), "LinearScaling": (NAN,),

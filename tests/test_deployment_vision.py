@@ -10,7 +10,7 @@ bit for bit.  The rotary modules read their float32 tables in eager mode when on
 shows the positions inside them, while a traced graph (which reads nothing back from the device)
 computes the same rows exactly: both are within 1 ulp of the true value, so those outputs are
 compared to 4e-6 (a few float32 ulps of values of order 1; a wrong frequency, axis or row is off by
-1e-2 or more).  Lengths straddle the tables (``max_positions=8`` per axis, ``max_seq_len=16``).
+1e-2 or more).  Lengths straddle the tables (``max_seq_len=8`` per axis, ``max_seq_len=16`` for M-RoPE).
 """
 
 from __future__ import annotations
@@ -116,9 +116,9 @@ def _onnx_session(model, args, dynamic_shapes, tmp_path):
 # ---- SinusoidalEncodingND --------------------------------------------------------------------------
 
 SINCOS = {
-    "2d_mae_cls": lambda: SinusoidalEncodingND(8, (2, 3), prefix_tokens=1),
-    "2d_timm_scaled": lambda: SinusoidalEncodingND(8, (3, 2), order="timm", scale=2.0),
-    "3d_base_size": lambda: SinusoidalEncodingND(16, (2, 2, 3), base_size=(2.0, 4.0, 4.0)),
+    "2d_mae_cls": lambda: SinusoidalEncodingND((2, 3), 8, prefix_tokens=1),
+    "2d_timm_scaled": lambda: SinusoidalEncodingND((3, 2), 8, order="timm", scale=2.0),
+    "3d_base_size": lambda: SinusoidalEncodingND((2, 2, 3), 16, base_size=(2.0, 4.0, 4.0)),
 }
 
 
@@ -177,7 +177,7 @@ def test_sincos_nd_another_grid_compiles_with_a_graph_break_and_matches_eager():
 def test_sincos_nd_another_grid_under_fullgraph_is_refused_with_the_fix():
     enc = SINCOS["2d_mae_cls"]()
     compiled = torch.compile(lambda x: enc(x, grid_shape=(3, 4)), backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match=r"(?s)computed on the host.*SinusoidalEncodingND\(dim, grid_shape\)"):
+    with pytest.raises(Exception, match=r"(?s)computed on the host.*SinusoidalEncodingND\(grid_shape, dim\)"):
         compiled(_randn(2, 13, 8))
     with pytest.raises(Exception, match="computed on the host"):                # the functional form too
         torch.compile(lambda: sincos_table_nd((3, 4), 8), backend="aot_eager", fullgraph=True)()
@@ -208,12 +208,12 @@ def _axial_inputs(s, *, batch=1, per_row=False, head_dim=10, seed=0):
 
 
 def _axial(layout="interleaved"):
-    return AxialRotaryEmbedding((4, 4), layout=layout, max_positions=AXIAL_TABLE)
+    return AxialRotaryEmbedding((4, 4), layout=layout, max_seq_len=AXIAL_TABLE)
 
 
 AXIAL_CALLS = {
     "positions": lambda m, q, k, p: m(q, k, positions=p),
-    "assume_in_table": lambda m, q, k, p: m(q, k, positions=p, assume_in_table=True),
+    "assume_valid": lambda m, q, k, p: m(q, k, positions=p, assume_valid=True),
     "cos_sin": lambda m, q, k, c, s: m(q, k, cos_sin=(c, s)),
 }
 
@@ -225,7 +225,7 @@ def _axial_args(m, call, s, **kw):
 
 AXIAL_COMPILE_CASES = [   # (call, positions per batch row, layout)
     *[("positions", per_row, layout) for per_row in (False, True) for layout in ("interleaved", "half")],
-    ("assume_in_table", False, "interleaved"), ("assume_in_table", True, "half"),
+    ("assume_valid", False, "interleaved"), ("assume_valid", True, "half"),
     ("cos_sin", False, "interleaved"), ("cos_sin", True, "interleaved"), ("cos_sin", False, "half"),
 ]
 
@@ -238,7 +238,7 @@ def test_axial_compiles_in_one_graph_with_no_recompile_across_lengths(call, per_
     static_args = _axial_args(m, call, 9, **kw)
     _close_pairs(torch.compile(fn, backend="aot_eager", fullgraph=True)(*static_args), fn(*static_args))
     torch._dynamo.reset()
-    lengths = (5, 9, 20) if call == "assume_in_table" else (5, 9, 30)         # 30 leaves the table (coordinate 9)
+    lengths = (5, 9, 20) if call == "assume_valid" else (5, 9, 30)         # 30 leaves the table (coordinate 9)
     _dynamic_calls(fn, [_axial_args(m, call, s, **kw) for s in lengths], _close_pairs)
 
 
@@ -259,7 +259,7 @@ def test_axial_exports_with_a_dynamic_length(call, layout):
     dyn = ({2: length}, {2: length}, {0: length}) + (({0: length},) if call == "cos_sin" else ())
     program = torch.export.export(_Call(m, AXIAL_CALLS[call]), _axial_args(m, call, 6), dynamic_shapes=dyn)
     _no_host_reads(program)
-    for s in (3, 20) if call == "assume_in_table" else (3, 40):
+    for s in (3, 20) if call == "assume_valid" else (3, 40):
         args = _axial_args(m, call, s, seed=4)
         _close_pairs(program.module()(*args), AXIAL_CALLS[call](m, *args))
 
@@ -273,8 +273,8 @@ def test_an_exported_in_table_promise_is_checked_at_run_time(module):
         dyn = ({2: length}, {2: length}, {0: length})
     else:
         m, args, too_far, rows = _mrope(), _mrope_args(6), _mrope_args(40), MROPE_TABLE
-        dyn = ({2: length}, {2: length}, {1: length})
-    call = (AXIAL_CALLS if module == "axial" else MROPE_CALLS)["assume_in_table"]
+        dyn = ({2: length}, {2: length}, {0: length})
+    call = (AXIAL_CALLS if module == "axial" else MROPE_CALLS)["assume_valid"]
     program = torch.export.export(_Call(m, call), args, dynamic_shapes=dyn)
     _no_host_reads(program)
     with pytest.raises(RuntimeError, match=rf"positions must lie in \[0, {rows}\)"):
@@ -284,7 +284,7 @@ def test_an_exported_in_table_promise_is_checked_at_run_time(module):
 AXIAL_ONNX_CASES = {   # name -> (call, layout or "learned")
     "positions_interleaved": ("positions", "interleaved"),
     "positions_half": ("positions", "half"),
-    "assume_in_table": ("assume_in_table", "interleaved"),
+    "assume_valid": ("assume_valid", "interleaved"),
     "cos_sin": ("cos_sin", "interleaved"),
     "learned": ("positions", "learned"),
 }
@@ -302,7 +302,7 @@ def test_axial_onnx_runs_in_onnxruntime_at_two_lengths(case, tmp_path):
     dyn = ({2: length}, {2: length}, {0: length}) + (({0: length},) if call == "cos_sin" else ())
     model = _Call(m, AXIAL_CALLS[call])
     run = _onnx_session(model, _axial_args(m, call, 6), dyn, tmp_path)
-    for s in (5, 20) if call == "assume_in_table" else (5, 40):
+    for s in (5, 20) if call == "assume_valid" else (5, 40):
         args = _axial_args(m, call, s, seed=5)
         with torch.no_grad():
             _close_pairs(run(*args), model(*args))
@@ -349,8 +349,8 @@ def _mrope():
 
 def _mrope_positions(s, batch=None):
     t = torch.arange(s)
-    pos = torch.stack([t, t // 2, t % 5])                                        # (3, S): t, h, w
-    return pos if batch is None else torch.stack([pos, pos.flip(-1)], 1)[:, :batch]   # (3, B, S)
+    pos = torch.stack([t, t // 2, t % 5], -1)                                    # (S, 3): t, h, w last
+    return pos if batch is None else torch.stack([pos, pos.flip(0)])[:batch]     # (B, S, 3)
 
 
 def _mrope_args(s, batch=None, seed=0):
@@ -360,7 +360,7 @@ def _mrope_args(s, batch=None, seed=0):
 
 MROPE_CALLS = {
     "positions": lambda m, q, k, p: m(q, k, positions=p),
-    "assume_in_table": lambda m, q, k, p: m(q, k, positions=p, assume_in_table=True),
+    "assume_valid": lambda m, q, k, p: m(q, k, positions=p, assume_valid=True),
 }
 
 
@@ -372,7 +372,7 @@ def test_mrope_compiles_in_one_graph_with_no_recompile_across_lengths(call, batc
     _close_pairs(torch.compile(fn, backend="aot_eager", fullgraph=True)(*_mrope_args(9, batch)),
                  fn(*_mrope_args(9, batch)))
     torch._dynamo.reset()
-    lengths = (5, 9, 16) if call == "assume_in_table" else (5, 9, 40)          # 40 leaves the table
+    lengths = (5, 9, 16) if call == "assume_valid" else (5, 9, 40)          # 40 leaves the table
     _dynamic_calls(fn, [_mrope_args(s, batch) for s in lengths], _close_pairs)
 
 
@@ -387,9 +387,9 @@ def test_mrope_exports_with_a_dynamic_length(call):
     m = _mrope()
     length = torch.export.Dim("length", min=2, max=BIG)
     program = torch.export.export(_Call(m, MROPE_CALLS[call]), _mrope_args(6, 2),
-                                  dynamic_shapes=({2: length}, {2: length}, {2: length}))
+                                  dynamic_shapes=({2: length}, {2: length}, {1: length}))
     _no_host_reads(program)
-    for s in (3, 16) if call == "assume_in_table" else (3, 40):
+    for s in (3, 16) if call == "assume_valid" else (3, 40):
         args = _mrope_args(s, 2, seed=6)
         _close_pairs(program.module()(*args), MROPE_CALLS[call](m, *args))
 
@@ -410,7 +410,7 @@ def test_mrope_onnx_runs_in_onnxruntime_at_two_lengths(tmp_path):
     m = _mrope()
     model = _Call(m, MROPE_CALLS["positions"])
     length = torch.export.Dim("length", min=2, max=BIG)
-    run = _onnx_session(model, _mrope_args(6), ({2: length}, {2: length}, {1: length}), tmp_path)
+    run = _onnx_session(model, _mrope_args(6), ({2: length}, {2: length}, {0: length}), tmp_path)
     for s in (5, 40):
         args = _mrope_args(s, seed=7)
         with torch.no_grad():

@@ -76,7 +76,7 @@ def test_module_matches_the_float64_oracle(dim, head_dim, section, interleaved, 
     q = torch.randn(B, H, S, head_dim, generator=g)
     k = torch.randn(B, 1, S, head_dim, generator=g)
     hi = 60 if where != "past-table" else 70000
-    pos = torch.randint(0, hi, (3, B, S), generator=g)
+    pos = torch.randint(0, hi, (B, S, 3), generator=g)                  # axes t, h, w last
     dtype = torch.float64 if where == "float64" else torch.float32
     m = MultimodalRotaryEmbedding(dim, section, max_seq_len=64, base=500.0, mrope_interleaved=interleaved,
                                   layout=layout)
@@ -94,24 +94,24 @@ def test_module_matches_the_float64_oracle(dim, head_dim, section, interleaved, 
         np.testing.assert_allclose(got.double().numpy(), want, rtol=0, atol=tol)
 
 
-def test_shared_positions_3_by_s_equal_per_row_positions():
+def test_shared_positions_s_by_3_equal_per_row_positions():
     m = MultimodalRotaryEmbedding(16, [2, 3, 3])
     q = torch.randn(2, 2, 5, 16)
-    pos = torch.tensor([[0, 1, 2, 2, 5], [0, 1, 2, 3, 5], [0, 1, 3, 2, 5]])
-    torch.testing.assert_close(m(q, positions=pos)[0], m(q, positions=pos[:, None].expand(3, 2, 5))[0], rtol=0, atol=0)
+    pos = torch.tensor([[0, 0, 0], [1, 1, 1], [2, 2, 3], [2, 3, 2], [5, 5, 5]])       # (S, 3)
+    torch.testing.assert_close(m(q, positions=pos)[0], m(q, positions=pos[None].expand(2, 5, 3))[0], rtol=0, atol=0)
 
 
 def test_cos_sin_rows_are_exact_and_pick_each_slots_axis():
     m = MultimodalRotaryEmbedding(12, [1, 2, 3], max_seq_len=16, base=10000.0)
-    pos = torch.tensor([[3, 40000], [7, 5], [11, 2**31 - 1]])             # (3, S): in and past the table
+    pos = torch.tensor([[3, 7, 11], [40000, 5, 2**31 - 1]])               # (S, 3): in and past the table
     cos, sin = m.cos_sin(pos)
     axes = mrope_axes(12, [1, 2, 3], False)
     for s in range(2):
         for j in range(6):
-            ang = int(pos[axes[j], s]) * math.pow(10000.0, -2 * j / 12)
+            ang = int(pos[s, axes[j]]) * math.pow(10000.0, -2 * j / 12)
             # within one float32 ulp of the true value (float64 math is far more accurate than that here,
             # except for the 2**31 angle, where float64 itself is off by ~2e-7 rad)
-            tol = 1.2e-7 if int(pos[axes[j], s]) < 2**20 else 5e-7
+            tol = 1.2e-7 if int(pos[s, axes[j]]) < 2**20 else 5e-7
             assert abs(float(cos[s, j]) - math.cos(ang)) <= tol
             assert abs(float(sin[s, j]) - math.sin(ang)) <= tol
     fc, fs = mrope_cos_sin(pos, m.inv_freq, [1, 2, 3])
@@ -124,7 +124,7 @@ def test_text_only_positions_equal_ordinary_rope():
     rope = RotaryEmbedding(16, max_seq_len=32, base=1e6)
     q, k = torch.randn(2, 4, 9, 16), torch.randn(2, 2, 9, 16)
     text = torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5, 6], list(range(30, 39))])          # in and past the table
-    got = m(q, k, positions=text[None].expand(3, -1, -1))
+    got = m(q, k, positions=text[..., None].expand(-1, -1, 3))
     want = rope(q, k, positions=text)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-7)
@@ -135,7 +135,7 @@ def test_text_only_positions_equal_ordinary_rope():
 def test_bfloat16_keeps_float32_tables_and_autocast_changes_nothing():
     m = MultimodalRotaryEmbedding(16, [2, 3, 3], max_seq_len=300).to(torch.bfloat16)
     assert m.cos_table.dtype == torch.float32 and m.turns_by_axis.dtype == torch.float64
-    pos = torch.tensor([[255, 256, 257], [256, 257, 258], [1, 2, 299]])
+    pos = torch.tensor([[255, 256, 1], [256, 257, 2], [257, 258, 299]])          # (S, 3): t, h, w per token
     c, s = m.cos_sin(pos)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         c2, s2 = m.cos_sin(pos)
@@ -144,7 +144,7 @@ def test_bfloat16_keeps_float32_tables_and_autocast_changes_nothing():
     q = torch.randn(1, 2, 3, 16, dtype=torch.bfloat16)
     out = m(q, positions=pos)[0]
     assert out.dtype == torch.bfloat16
-    want = mrope_rotate(q.double().numpy(), pos[:, None].numpy(), 16, [2, 3, 3], 10000.0)
+    want = mrope_rotate(q.double().numpy(), pos[None].numpy(), 16, [2, 3, 3], 10000.0)
     np.testing.assert_allclose(out.double().numpy(), want, rtol=0, atol=0.02)   # bf16 rounding of the output
 
 
@@ -155,7 +155,7 @@ def test_meta_device_state_dict_and_inplace():
     ref = MultimodalRotaryEmbedding(16, [2, 3, 3])
     assert m.state_dict() == {} and torch.equal(m.cos_table, ref.cos_table)
     q, k = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16)
-    pos = torch.tensor([[0, 1, 1, 9], [0, 1, 2, 9], [0, 2, 1, 9]])
+    pos = torch.tensor([[0, 0, 0], [1, 1, 2], [1, 2, 1], [9, 9, 9]])             # (S, 3)
     want = ref(q, k, positions=pos)
     qi, ki = q.clone(), k.clone()
     got = m(qi, ki, positions=pos, inplace=True)
@@ -165,26 +165,26 @@ def test_meta_device_state_dict_and_inplace():
 
 def test_gradients_are_the_transposed_rotation():
     m = MultimodalRotaryEmbedding(8, [2, 1, 1])
-    pos = torch.tensor([[1, 4, 9], [2, 5, 3], [3, 6, 7]])
+    pos = torch.tensor([[1, 2, 3], [4, 5, 6], [9, 3, 7]])                        # (S, 3)
     x = torch.randn(1, 1, 3, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: m(t, positions=pos)[0], (x,))
 
 
-def test_assume_in_table_matches_and_a_broken_promise_raises():
+def test_assume_valid_matches_and_a_broken_promise_raises():
     m = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=16)
     q = torch.randn(1, 1, 3, 8)
-    pos = torch.tensor([[1, 4, 9], [2, 5, 3], [3, 6, 7]])
-    torch.testing.assert_close(m(q, positions=pos, assume_in_table=True), m(q, positions=pos), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="promised"):
-        m(q, positions=pos + 100, assume_in_table=True)
+    pos = torch.tensor([[1, 2, 3], [4, 5, 6], [9, 3, 7]])                        # (S, 3)
+    torch.testing.assert_close(m(q, positions=pos, assume_valid=True), m(q, positions=pos), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"promised to with assume_valid=True"):
+        m(q, positions=pos + 100, assume_valid=True)
 
 
 @pytest.mark.parametrize("positions,match", [
-    (torch.arange(4), r"\(3, S\) or \(3, B, S\)"),
-    (torch.zeros(4, 2, 4, dtype=torch.long), r"positions\[1:\]"),
-    (torch.zeros(3, 3, 4, dtype=torch.long), "B=2"),
-    (torch.zeros(3, 2, 5, dtype=torch.long), "S=4"),
-    (torch.zeros(3, 2, 4), "integers"),
+    (torch.arange(4), r"\(S, 3\) or \(B, S, 3\), axes t, h, w last"),
+    (torch.zeros(2, 4, 4, dtype=torch.long), r"positions\[\.\.\., 1:\]"),
+    (torch.zeros(3, 4, 3, dtype=torch.long), "B=2"),
+    (torch.zeros(2, 5, 3, dtype=torch.long), "S=4"),
+    (torch.zeros(2, 4, 3), "integers"),
 ])
 def test_bad_positions_raise(positions, match):
     m = MultimodalRotaryEmbedding(8, [2, 1, 1])
@@ -200,14 +200,14 @@ def test_bad_module_arguments_raise():
     with pytest.raises(TypeError, match="bool"):
         MultimodalRotaryEmbedding(8, [2, 1, 1], mrope_interleaved="yes")
     with pytest.raises(ValueError, match="not both"):
-        MultimodalRotaryEmbedding(8, [2, 1, 1])(torch.randn(1, 1, 2, 8), positions=torch.zeros(3, 2, dtype=torch.long),
+        MultimodalRotaryEmbedding(8, [2, 1, 1])(torch.randn(1, 1, 2, 8), positions=torch.zeros(2, 3, dtype=torch.long),
                                                 offset=3)
 
 
 def test_linear_scaling_divides_every_axis_position():
     m = MultimodalRotaryEmbedding(8, [2, 1, 1], scaling=LinearScaling(4.0))
     plain = MultimodalRotaryEmbedding(8, [2, 1, 1])
-    pos = torch.tensor([[4, 8], [12, 16], [20, 0]])
+    pos = torch.tensor([[4, 12, 20], [8, 16, 0]])                                # (S, 3)
     torch.testing.assert_close(m.cos_sin(pos), plain.cos_sin(pos // 4), rtol=0, atol=1e-7)
 
 
@@ -326,12 +326,14 @@ def test_positions_equal_get_rope_index(models, family, prompt, masked):
                                  video_grid_thw=_grid(grids, V), attention_mask=mask, second_per_grid_ts=seconds,
                                  **vision)
     valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-    assert torch.equal(got[:, valid], want[:, valid])
+    want = want.movedim(0, -1)                                       # transformers: (3, B, S); posenc: (B, S, 3)
+    assert got.shape == want.shape
+    assert torch.equal(got[valid], want[valid])
     assert torch.equal(delta, want_delta.long())
     by_ids, _ = mrope_positions(ids, image_token_id=IMAGE, video_token_id=VIDEO, image_grid_thw=_grid(grids, IM),
                                 video_grid_thw=_grid(grids, V), attention_mask=mask, second_per_grid_ts=seconds,
                                 **vision)
-    assert torch.equal(by_ids[:, valid], want[:, valid])
+    assert torch.equal(by_ids[valid], want[valid])
 
 
 @needs_qwen_vl
@@ -340,8 +342,8 @@ def test_qwen2_5_videos_default_to_one_second_per_grid(models):
     ids, types, mask = _prompt(rows, grids)
     want, _ = _hf_positions(models["qwen2_5_vl"], "qwen2_5_vl", ids, types, mask, grids, None)
     got, _ = mrope_positions(ids, mm_token_type_ids=types, video_grid_thw=_grid(grids, V), tokens_per_second=2)
-    assert torch.equal(got, want)
-    assert got[0, 0].unique().tolist()[:4] == [0, 1, 2, 4]           # text, then frames 0, 2, 4, 6 seconds apart
+    assert torch.equal(got, want.movedim(0, -1))                     # transformers: (3, B, S); posenc: (B, S, 3)
+    assert got[0, :, 0].unique().tolist()[:4] == [0, 1, 2, 4]           # text, then frames 0, 2, 4, 6 seconds apart
 
 
 def test_positions_bad_inputs_raise():
@@ -388,12 +390,12 @@ def test_rotation_equals_transformers_rotary_and_apply(models, family):
     cos, sin = hf_rotary(text_config)(q, pos)
     want_q, want_k = FAMILY[family][2].apply_rotary_pos_emb(q, k, cos, sin)
     m = MultimodalRotaryEmbedding.from_hf_config(models[family].config)
-    got_q, got_k = m(q, k, positions=pos)
+    got_q, got_k = m(q, k, positions=pos.movedim(0, -1))             # transformers' (3, B, S) to (B, S, 3)
     valid = mask.bool()
     # transformers computes the angles in float32: a few float32 ulps of these small angles
     torch.testing.assert_close(got_q.transpose(1, 2)[valid], want_q.transpose(1, 2)[valid], rtol=0, atol=1e-5)
     torch.testing.assert_close(got_k.transpose(1, 2)[valid], want_k.transpose(1, 2)[valid], rtol=0, atol=1e-5)
-    oracle = mrope_rotate(q.double().numpy(), pos.numpy(), 16, SECTION, 10000.0)
+    oracle = mrope_rotate(q.double().numpy(), pos.movedim(0, -1).numpy(), 16, SECTION, 10000.0)
     np.testing.assert_allclose(got_q.double().numpy()[valid.numpy().nonzero()[0], :, valid.numpy().nonzero()[1]],
                                oracle[valid.numpy().nonzero()[0], :, valid.numpy().nonzero()[1]], rtol=0,
                                atol=_tol(q.numpy()))
@@ -412,7 +414,7 @@ def test_interleaved_sections_equal_qwen3_vl_rotary():
     cos, sin = modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.float32), pos)
     m = MultimodalRotaryEmbedding.from_hf_config(cfg)
     assert m.mrope_interleaved and m.mrope_section == (3, 3, 3)
-    c, s = m.cos_sin(pos)
+    c, s = m.cos_sin(pos.movedim(0, -1))                             # transformers' (3, B, S) to (B, S, 3)
     torch.testing.assert_close(torch.cat([c, c], -1), cos, rtol=0, atol=2e-6)
     torch.testing.assert_close(torch.cat([s, s], -1), sin, rtol=0, atol=2e-6)
 
@@ -550,16 +552,16 @@ def test_attention_takes_per_axis_positions_axes_last():
     m = MultimodalRotaryEmbedding(8, [1, 1, 2])
     ids = torch.tensor([[5, 6, 9, 9, 9, 9, 7]])
     types = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])
-    pos, _ = mrope_positions(ids, mm_token_type_ids=types, image_grid_thw=torch.tensor([[1, 4, 4]]))   # (3, 1, 7)
+    pos, _ = mrope_positions(ids, mm_token_type_ids=types, image_grid_thw=torch.tensor([[1, 4, 4]]))   # (1, 7, 3)
     q, k, v = (torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
     qr, kr = (torch.from_numpy(mrope_rotate(t.numpy(), pos.numpy(), 8, [1, 1, 2], 10000.0)).float() for t in (q, k))
     causal = torch.ones(7, 7, dtype=torch.bool).tril()
     want = torch.nn.functional.scaled_dot_product_attention(qr, kr, v, attn_mask=causal)
     with torch.no_grad():
-        got = attention(q, k, v, encoding=m, positions=pos.movedim(0, -1), causal=True)
+        got = attention(q, k, v, encoding=m, positions=pos, causal=True)
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
     with pytest.raises(ValueError, match=r"\(7, 3\)"):
-        attention(q, k, v, encoding=m, positions=pos[:, 0])                                # axes first: refused
+        attention(q, k, v, encoding=m, positions=pos[0].T)                                 # axes first: refused
 
 
 @pytest.mark.parametrize("batched", [False, True])
@@ -568,7 +570,7 @@ def test_triton_engine_matches_torch_engine(batched):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton kernel runs on CPU tensors under TRITON_INTERPRET=1 only")
     gen = torch.Generator().manual_seed(0)
-    pos = torch.randint(0, 40, (3, 2, 5) if batched else (3, 5), generator=gen)
+    pos = torch.randint(0, 40, (2, 5, 3) if batched else (5, 3), generator=gen)
     q, k = torch.randn(2, 3, 5, 12, generator=gen), torch.randn(2, 1, 5, 12, generator=gen)   # partial rotary
     mt = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, backend="triton")
     mr = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, backend="torch")
@@ -576,7 +578,7 @@ def test_triton_engine_matches_torch_engine(batched):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape", [(3, 6), (3, 2, 6), (3, 1, 6)])
+@pytest.mark.parametrize("shape", [(6, 3), (2, 6, 3), (1, 6, 3)])
 def test_rows_computed_once_rotate_like_positions(shape):
     """cos_sin(positions), passed to every layer, gives what positions= gives (and the oracle)."""
     gen = torch.Generator().manual_seed(1)
@@ -586,8 +588,8 @@ def test_rows_computed_once_rotate_like_positions(shape):
     rows = m.cos_sin(pos)
     for got, ref in zip(m(q, k, cos_sin=rows), m(q, k, positions=pos), strict=True):
         assert torch.equal(got, ref)
-    pos3 = pos if pos.dim() == 3 else pos[:, None]
-    want = mrope_rotate(q.numpy(), pos3.expand(3, 2, 6).numpy(), 12, [2, 2, 2], 10000.0)
+    pos3 = pos if pos.dim() == 3 else pos[None]
+    want = mrope_rotate(q.numpy(), pos3.expand(2, 6, 3).numpy(), 12, [2, 2, 2], 10000.0)
     np.testing.assert_allclose(m(q, cos_sin=rows)[0].numpy(), want, rtol=0, atol=_tol(want))
     with pytest.raises(ValueError, match="not both"):
         m(q, k, positions=pos, cos_sin=rows)

@@ -43,14 +43,18 @@ bad, good = CASES.bad, CASES.good
 
 # mrope_cos_sin
 _INV8 = torch.tensor(ref_theta(8))                                                  # dim 8: (4,) float64
-_PT = torch.arange(5).expand(3, 5)                                                  # text-only (3, S)
-_PIMG = torch.tensor([[0, 1, 2, 2, 2, 2, 4], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 2, 3, 4]])   # text, 2x2 image, text
+_PT = torch.arange(5)[:, None].expand(5, 3)                                         # text-only (S, 3)
+_PIMG = torch.tensor([[0, 1, 2, 2, 2, 2, 4], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 2, 3, 4]]).T.contiguous()   # (S, 3):
+# text, text, a 2x2 image, text; axes t, h, w last
 for _id, _pos, _inv, _sec, _kw, _exc, _match in [
     ("positions-(B,S)", torch.arange(5)[None].expand(2, 5), _INV8, [2, 1, 1], {}, ValueError,
-     r"positions must have shape \(3, S\) or \(3, B, S\).*expand\(3, -1, -1\)"),
-    ("positions-1-d", torch.arange(5), _INV8, [2, 1, 1], {}, ValueError, r"positions must have shape \(3, S\)"),
+     r"positions must have shape \(S, 3\) or \(B, S, 3\), axes t, h, w last.*unsqueeze\(-1\)\.expand\(\*positions\.shape, 3\)"),
+    ("positions-1-d", torch.arange(5), _INV8, [2, 1, 1], {}, ValueError,
+     r"positions must have shape \(S, 3\) or \(B, S, 3\), axes t, h, w last; got \(5,\)"),
     ("positions-4-rows", torch.zeros(4, 5, dtype=torch.long), _INV8, [2, 1, 1], {}, ValueError,
-     r"positions must have shape \(3, S\).*positions\[1:\]"),
+     r"positions must have shape \(S, 3\).*positions\[1:\]\.movedim\(0, -1\)"),
+    ("positions-4-axes", torch.zeros(5, 4, dtype=torch.long), _INV8, [2, 1, 1], {}, ValueError,
+     r"positions must have shape \(S, 3\).*positions\[\.\.\., 1:\]"),
     ("positions-float", _PT.float(), _INV8, [2, 1, 1], {}, TypeError, "positions must hold integers"),
     ("positions-list", _PT.tolist(), _INV8, [2, 1, 1], {}, TypeError, "positions must be an integer torch.Tensor"),
     ("positions-2**31+1", _PT + 2**31 - 3, _INV8, [2, 1, 1], {}, ValueError, f"positions {EXACT}"),
@@ -78,25 +82,25 @@ for _id, _pos, _inv, _sec, _kw, _exc, _match in [
 for _id, _make, _sec, _kw, _want, _atol in [
     ("text-only-is-rope", lambda: _PT, [2, 1, 1], {}, lambda p: ref_cos_sin(np.arange(5), 8), 1e-6),
     ("image", lambda: _PIMG, [2, 1, 1], {}, lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-6),
-    ("per-row-int16", lambda: torch.stack([_PIMG, _PIMG.flip(1)], 1).to(torch.int16), [1, 2, 1], {},
+    ("per-row-int16", lambda: torch.stack([_PIMG, _PIMG.flip(0)]).to(torch.int16), [1, 2, 1], {},
      lambda p: tuple(f(ref_mrope_angles(p, 8, (1, 2, 1))) for f in (np.cos, np.sin)), 1e-6),
     ("uint8", lambda: (_PIMG + 250).to(torch.uint8), [2, 1, 1], {},
      lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-6),
     ("negative", lambda: _PIMG - 3, [2, 1, 1], {}, lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)),
      1e-6),
-    ("expanded", lambda: _PIMG[:, None].expand(3, 2, 7), [2, 1, 1], {},
+    ("expanded", lambda: _PIMG[None].expand(2, 7, 3), [2, 1, 1], {},
      lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-6),
     ("non-contiguous", lambda: _PIMG.t().contiguous().t(), [0, 2, 2], {},
      lambda p: tuple(f(ref_mrope_angles(p, 8, (0, 2, 2))) for f in (np.cos, np.sin)), 1e-6),
-    ("one-axis-sections", lambda: _PIMG, [4, 0, 0], {}, lambda p: ref_cos_sin(arr(_PIMG)[0], 8), 1e-6),
+    ("one-axis-sections", lambda: _PIMG, [4, 0, 0], {}, lambda p: ref_cos_sin(arr(_PIMG)[:, 0], 8), 1e-6),
     ("interleaved", lambda: _PIMG, [2, 1, 1], {"mrope_interleaved": True},
      lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1), interleaved=True)) for f in (np.cos, np.sin)), 1e-6),
     ("attention_factor-float64", lambda: _PIMG, [2, 1, 1], {"attention_factor": 2, "dtype": torch.float64},
      lambda p: tuple(2 * f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 1e-13),
     ("bfloat16", lambda: _PIMG, [2, 1, 1], {"dtype": torch.bfloat16},
      lambda p: tuple(f(ref_mrope_angles(p, 8, (2, 1, 1))) for f in (np.cos, np.sin)), 4e-3),
-    ("empty", lambda: torch.zeros(3, 0, dtype=torch.long), [2, 1, 1], {}, lambda p: (np.zeros((0, 4)),) * 2, 0),
-    ("empty-per-row", lambda: torch.zeros(3, 2, 0, dtype=torch.long), [2, 1, 1], {}, lambda p: (np.zeros((2, 0, 4)),) * 2, 0),
+    ("empty", lambda: torch.zeros(0, 3, dtype=torch.long), [2, 1, 1], {}, lambda p: (np.zeros((0, 4)),) * 2, 0),
+    ("empty-per-row", lambda: torch.zeros(2, 0, 3, dtype=torch.long), [2, 1, 1], {}, lambda p: (np.zeros((2, 0, 4)),) * 2, 0),
 ]:
     good("mrope_cos_sin", _id, lambda m=_make, s=_sec, kw=_kw: (mrope_cos_sin(m(), _INV8, s, **kw), m()),
          lambda r, w=_want, a=_atol: close(r[0], w(arr(r[1])), atol=a, rtol=max(a, 1e-6)))
@@ -132,16 +136,20 @@ for _id, _kw, _exc, _match in [
         lambda kw=_kw: MultimodalRotaryEmbedding(**{"dim": 8, "mrope_section": [2, 1, 1], **kw}), _exc, _match)
 for _id, _call, _exc, _match in [
     ("positions-(B,S)", lambda m: m(_QM, positions=torch.arange(7)[None]), ValueError,
-     r"positions must have shape \(3, S\) or \(3, B, S\)"),
-    ("positions-1-d", lambda m: m(_QM, positions=torch.arange(7)), ValueError, r"positions must have shape \(3, S\)"),
-    ("positions-4-rows", lambda m: m(_QM, positions=torch.zeros(4, 1, 7, dtype=torch.long)), ValueError, r"positions\[1:\]"),
+     r"positions must have shape \(S, 3\) or \(B, S, 3\), axes t, h, w last; got \(1, 7\)"),
+    ("positions-1-d", lambda m: m(_QM, positions=torch.arange(7)), ValueError,
+     r"positions must have shape \(S, 3\) or \(B, S, 3\), axes t, h, w last; got \(7,\)"),
+    ("positions-4-rows", lambda m: m(_QM, positions=torch.zeros(4, 1, 7, dtype=torch.long)), ValueError,
+     r"positions\[1:\]\.movedim\(0, -1\)"),
+    ("positions-4-axes", lambda m: m(_QM, positions=torch.zeros(1, 7, 4, dtype=torch.long)), ValueError,
+     r"positions\[\.\.\., 1:\]"),
     ("positions-float", lambda m: m(_QM, positions=_PIMG.float()), TypeError, "positions must hold integers"),
-    ("positions-wrong-S", lambda m: m(_QM, positions=_PIMG[:, :6]), ValueError,
-     r"positions must have shape \(3, S\) or \(3, B, S\) with B=1, S=7; got \(3, 6\)"),
-    ("positions-wrong-B", lambda m: m(_QM, positions=_PIMG[:, None].expand(3, 2, 7)), ValueError,
-     r"positions must have shape .* B=1, S=7; got \(3, 2, 7\)"),
-    ("positions-batched-for-2-d-q", lambda m: m(rand(7, 8), positions=_PIMG[:, None]), ValueError,
-     r"positions must have shape \(3, S\), S=7"),
+    ("positions-wrong-S", lambda m: m(_QM, positions=_PIMG[:6]), ValueError,
+     r"positions must have shape \(S, 3\) or \(B, S, 3\) with B=1, S=7; got \(6, 3\)"),
+    ("positions-wrong-B", lambda m: m(_QM, positions=_PIMG[None].expand(2, 7, 3)), ValueError,
+     r"positions must have shape .* B=1, S=7; got \(2, 7, 3\)"),
+    ("positions-batched-for-2-d-q", lambda m: m(rand(7, 8), positions=_PIMG[None]), ValueError,
+     r"positions must have shape \(S, 3\), S=7"),
     ("positions-meta", lambda m: m(_QM, positions=_PIMG.to(META)), ValueError, "positions are on meta but q on cpu"),
     ("positions-2**31+1", lambda m: m(_QM, positions=_PIMG + 2**31 - 3), ValueError, f"positions {EXACT}"),
     ("positions-and-offset", lambda m: m(_QM, positions=_PIMG, offset=1), ValueError, "either positions or offset"),
@@ -157,20 +165,28 @@ for _id, _call, _exc, _match in [
     ("inplace-int", lambda m: m(_QM.clone(), positions=_PIMG, inplace=1), TypeError, "inplace must be a bool"),
     ("inplace-expanded", lambda m: m(_QM[:, :1].expand(1, 2, 7, 8), positions=_PIMG, inplace=True), ValueError,
      "q has elements that share memory"),
-    ("assume_in_table-str", lambda m: m(_QM, positions=_PIMG, assume_in_table="y"), TypeError, "assume_in_table must be a bool"),
+    ("assume_valid-str", lambda m: m(_QM, positions=_PIMG, assume_valid="y"), TypeError, "assume_valid must be a bool"),
     ("assume-broken-promise", lambda m: MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=2)(
-        _QM, positions=_PIMG, assume_in_table=True), ValueError, r"positions must lie in \[0, 2\) .*assume_(in_table|valid)=True"),
+        _QM, positions=_PIMG, assume_valid=True), ValueError, r"positions must lie in \[0, 2\) .*assume_valid=True"),
     # a negative position promised in the table must not wrap around to the table's last rows (torch.take)
     ("assume-broken-promise-negative", lambda m: MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=8)(
-        _QM, positions=_PIMG - 1, assume_in_table=True), ValueError, r"positions must lie in \[0, 8\) .*assume_(in_table|valid)=True"),
-    ("cos_sin-positions", lambda m: m.cos_sin(torch.arange(7)), ValueError, r"positions must have shape \(3, S\)"),
+        _QM, positions=_PIMG - 1, assume_valid=True), ValueError, r"positions must lie in \[0, 8\) .*assume_valid=True"),
+    ("cos_sin-positions", lambda m: m.cos_sin(torch.arange(7)), ValueError,
+     r"positions must have shape \(S, 3\) or \(B, S, 3\), axes t, h, w last; got \(7,\)"),
     ("cos_sin-dtype", lambda m: m.cos_sin(_PIMG, dtype=torch.int32), TypeError, "dtype must be one of"),
-    ("cos_sin-assume-int", lambda m: m.cos_sin(_PIMG, assume_in_table=1), TypeError, "assume_in_table must be a bool"),
+    ("cos_sin-assume_valid-int", lambda m: m.cos_sin(_PIMG, assume_valid=1), TypeError, "assume_valid must be a bool"),
     ("from_hf_config-none", lambda m: MultimodalRotaryEmbedding.from_hf_config(None), TypeError, "config must be a transformers"),
     ("from_hf_config-1-d", lambda m: MultimodalRotaryEmbedding.from_hf_config({"head_dim": 8}), ValueError,
      "this config has no mrope_section"),
 ]:
     bad("MultimodalRotaryEmbedding", _id, lambda c=_call: c(MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=16)), _exc, _match)
+# the old name with a bad value: refused under that name, without a warning (as every rotary entry point)
+for _id, _call in [
+    ("assume_in_table-str", lambda m: m(_QM, positions=_PIMG, assume_in_table="y")),
+    ("cos_sin-assume-int", lambda m: m.cos_sin(_PIMG, assume_in_table=1)),
+]:
+    bad("MultimodalRotaryEmbedding", _id, lambda c=_call: c(MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=16)), TypeError,
+        "assume_in_table must be a bool")
 
 
 def _mrope_qk(case_id, make_module, make_qk, kw, want, atol=1e-5):
@@ -205,17 +221,17 @@ for _id, _module, _qk, _kw, _want, _atol in [
      lambda q, k: (ref_rope(q, np.arange(-2, 1)), None), 1e-5),
     ("image", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 7, 8), rand(1, 1, 7, 8)), {"positions": _PIMG},
      _mrope_want(arr(_PIMG)), 1e-5),
-    ("batch-shared-(3,1,S)", lambda: _MR(8, [2, 1, 1]), lambda: (rand(3, 2, 7, 8), rand(3, 1, 7, 8)),
-     {"positions": _PIMG[:, None]}, _mrope_want(arr(_PIMG)), 1e-5),
+    ("batch-shared-(1,S,3)", lambda: _MR(8, [2, 1, 1]), lambda: (rand(3, 2, 7, 8), rand(3, 1, 7, 8)),
+     {"positions": _PIMG[None]}, _mrope_want(arr(_PIMG)), 1e-5),
     ("per-row-int16", lambda: _MR(8, [1, 1, 2]), lambda: (rand(2, 2, 7, 8), None),
-     {"positions": torch.stack([_PIMG, _PIMG.flip(1)], 1).to(torch.int16)},
-     _mrope_want(np.stack([arr(_PIMG), arr(_PIMG)[:, ::-1]], 1), (1, 1, 2)), 1e-5),
+     {"positions": torch.stack([_PIMG, _PIMG.flip(0)]).to(torch.int16)},
+     _mrope_want(np.stack([arr(_PIMG), arr(_PIMG)[::-1]]), (1, 1, 2)), 1e-5),
     ("uint8-assumed", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 7, 8), None),
-     {"positions": _PIMG.to(torch.uint8), "assume_in_table": True}, _mrope_want(arr(_PIMG)), 1e-5),
+     {"positions": _PIMG.to(torch.uint8), "assume_valid": True}, _mrope_want(arr(_PIMG)), 1e-5),
     ("past-table-negative", lambda: _MR(8, [2, 1, 1], max_seq_len=2), lambda: (rand(1, 2, 7, 8), None),
      {"positions": _PIMG * 3 - 5}, _mrope_want(arr(_PIMG) * 3 - 5), 1e-5),
     ("empty-seq", lambda: _MR(8, [2, 1, 1]), lambda: (torch.zeros(1, 2, 0, 8), torch.zeros(1, 1, 0, 8)),
-     {"positions": torch.zeros(3, 0, dtype=torch.long)}, lambda q, k: (np.zeros((1, 2, 0, 8)), np.zeros((1, 1, 0, 8))), 0),
+     {"positions": torch.zeros(0, 3, dtype=torch.long)}, lambda q, k: (np.zeros((1, 2, 0, 8)), np.zeros((1, 1, 0, 8))), 0),
     ("empty-seq-offset", lambda: _MR(8, [2, 1, 1]), lambda: (torch.zeros(1, 2, 0, 8), None), {"offset": 2**31},
      lambda q, k: (np.zeros((1, 2, 0, 8)), None), 0),
     ("bfloat16", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 2, 7, 8, dtype=torch.bfloat16), rand(1, 1, 7, 8, dtype=torch.bfloat16)),
@@ -226,7 +242,7 @@ for _id, _module, _qk, _kw, _want, _atol in [
      lambda: (rand(1, 2, 7, 8).transpose(1, 2), rand(1, 1, 7, 8).transpose(1, 2)),
      {"positions": _PIMG, "seq_dim": 1}, _mrope_want(arr(_PIMG), seq1=True), 1e-5),
     ("expanded", lambda: _MR(8, [2, 1, 1]), lambda: (rand(1, 1, 7, 8).expand(2, 3, 7, 8), rand(1, 1, 7, 8).expand(2, 1, 7, 8)),
-     {"positions": _PIMG[:, None].expand(3, 2, 7)}, _mrope_want(arr(_PIMG)), 1e-5),
+     {"positions": _PIMG[None].expand(2, 7, 3)}, _mrope_want(arr(_PIMG)), 1e-5),
     ("interleaved-layout", lambda: _MR(8, [2, 1, 1], layout="interleaved"), lambda: (rand(1, 2, 7, 8), None),
      {"positions": _PIMG}, _mrope_want(arr(_PIMG), layout="interleaved"), 1e-5),
     ("mrope_interleaved", lambda: _MR(8, [2, 1, 1], mrope_interleaved=True), lambda: (rand(1, 2, 7, 8), None),
@@ -239,7 +255,7 @@ for _id, _module, _qk, _kw, _want, _atol in [
 good("MultimodalRotaryEmbedding", "all-meta", lambda: _MR(8, [2, 1, 1], device=META)(
     _QM.to(META), positions=_PIMG.to(META))[0], is_meta((1, 2, 7, 8)))
 good("MultimodalRotaryEmbedding", "cos_sin-text-is-rope", lambda: _MR(8, [2, 1, 1], max_seq_len=2).cos_sin(
-    torch.tensor([[-1, 9]]).expand(3, 2)), lambda r: close(r, ref_cos_sin(np.array([-1, 9]), 8)))
+    torch.tensor([[-1], [9]]).expand(2, 3)), lambda r: close(r, ref_cos_sin(np.array([-1, 9]), 8)))
 
 
 # mrope_positions: rows of (t, h, w) positions, written out by hand from the rule (text p, p+1, ...; an image
@@ -339,13 +355,14 @@ for _id, _call, _exc, _match in [
 
 
 def _mrope_positions_check(want_pos, want_delta, real=None):
-    """Positions (3, B, S) equal ``want_pos`` on the real tokens (``real``: (B, S) bool, default all), deltas (B, 1)."""
+    """Positions (B, S, 3), axes last, equal ``want_pos`` on the real tokens (``real``: (B, S) bool, default all),
+    deltas (B, 1).  ``want_pos`` is written rows t, h, w first, (3, B, S), as read off the rule."""
     def check(r):
         pos, delta = r
-        want = np.asarray(want_pos, dtype=np.int64)
+        want = np.moveaxis(np.asarray(want_pos, dtype=np.int64), 0, -1)                # (B, S, 3)
         assert pos.dtype == torch.int64 and tuple(pos.shape) == want.shape, (pos.dtype, pos.shape)
-        mask = np.ones(want.shape[1:], bool) if real is None else np.asarray(real, bool)
-        np.testing.assert_array_equal(pos.numpy()[:, mask], want[:, mask])
+        mask = np.ones(want.shape[:-1], bool) if real is None else np.asarray(real, bool)
+        np.testing.assert_array_equal(pos.numpy()[mask], want[mask])
         close(delta, np.asarray(want_delta, dtype=np.int64).reshape(-1, 1))
     return check
 
@@ -383,7 +400,7 @@ for _id, _call, _want, _delta, _real in [
     good("mrope_positions", _id, _call, _mrope_positions_check(_want, _delta, _real))
 good("mrope_positions", "input_ids-on-meta-with-types", lambda: mrope_positions(
     torch.zeros(1, 7, dtype=torch.long, device=META), mm_token_type_ids=_TYPES7, image_grid_thw=_G44),
-    lambda r: (r[0].is_meta and r[0].shape == (3, 1, 7) and r[1].is_meta) or pytest.fail("not meta results"))
+    lambda r: (r[0].is_meta and r[0].shape == (1, 7, 3) and r[1].is_meta) or pytest.fail("not meta results"))
 
 
 # mrope_from_hf, mrope_vision_from_hf

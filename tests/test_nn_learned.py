@@ -56,13 +56,13 @@ def test_padding_idx_row_is_zero_and_gets_no_gradient():
     assert torch.equal(emb.weight.grad[1], torch.ones(3))
 
 
-def test_past_the_table_raises_value_error_naming_num_positions():
+def test_past_the_table_raises_value_error_naming_max_seq_len():
     emb = LearnedPositionalEmbedding(8, 4)
-    with pytest.raises(ValueError, match=r"num_positions=8; build the module with num_positions >= 9"):
+    with pytest.raises(ValueError, match=r"max_seq_len=8; build the module with max_seq_len >= 9"):
         emb(torch.zeros(1, 9, 4))
-    with pytest.raises(ValueError, match=r"num_positions=8"):
+    with pytest.raises(ValueError, match=r"exceed the learned table: max_seq_len=8; build the module with max_seq_len >= 9"):
         emb(torch.zeros(1, 2, 4), offset=7)
-    with pytest.raises(ValueError, match=r"num_positions=8\), got values in \[0, 8\]"):
+    with pytest.raises(ValueError, match=r"max_seq_len=8\), got values in \[0, 8\]"):
         emb(torch.zeros(1, 2, 4), positions=torch.tensor([0, 8]))
     with pytest.raises(ValueError, match=r"got values in \[-1, 0\]"):
         emb(torch.zeros(1, 2, 4), positions=torch.tensor([-1, 0]))
@@ -91,10 +91,10 @@ def test_compile_fullgraph():
 @pytest.mark.parametrize(
     "kwargs, err, match",
     [
-        (dict(num_positions=0, dim=4), ValueError, "num_positions must be >= 1"),
-        (dict(num_positions=4, dim=0), ValueError, "dim must be >= 1"),
-        (dict(num_positions=4, dim=2, init="uniform"), ValueError, "init must be one of"),
-        (dict(num_positions=4, dim=2, padding_idx=4), ValueError, "padding_idx must be < num_positions=4"),
+        (dict(max_seq_len=0, dim=4), ValueError, "max_seq_len must be >= 1"),
+        (dict(max_seq_len=4, dim=0), ValueError, "dim must be >= 1"),
+        (dict(max_seq_len=4, dim=2, init="uniform"), ValueError, "init must be one of"),
+        (dict(max_seq_len=4, dim=2, padding_idx=4), ValueError, "padding_idx must be < max_seq_len=4"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, err, match):

@@ -223,6 +223,7 @@ def _call(**change):
     (dict(positions=torch.arange(5.0)), TypeError, "positions must hold integers"),
     (dict(cos=torch.ones(8, 7), sin=torch.ones(8, 7)), ValueError, "head dim 12 < rotary dim 14"),
     (dict(assume_in_table=1), TypeError, "assume_in_table must be a bool"),
+    (dict(assume_valid=1), TypeError, "assume_valid must be a bool"),
 ])
 def test_bad_inputs_raise_with_the_fix(change, error, match):
     with pytest.raises(error, match=match):

@@ -304,10 +304,10 @@ _off("SinusoidalEncoding", "offset-2**31+1", lambda: SinusoidalEncoding(5)(torch
 _off("SinusoidalEncoding", "offset-2**53", lambda: SinusoidalEncoding(5)(torch.zeros(3, 5), offset=2**53),
      exc=ValueError, match=f"positions {EXACT}")
 _off("LearnedPositionalEmbedding", "offset-negative", lambda: LearnedPositionalEmbedding(8, 5)(torch.zeros(3, 5), offset=-1),
-     exc=ValueError, match="positions -1..1 exceed the learned table: num_positions=8")
+     exc=ValueError, match=r"positions -1\.\.1 exceed the learned table: max_seq_len=8; build the module with max_seq_len >= 2")
 _off("LearnedPositionalEmbedding", "offset-past-table",
      lambda: LearnedPositionalEmbedding(8, 5)(torch.zeros(3, 5), offset=2**53),
-     exc=ValueError, match="exceed the learned table: num_positions=8")
+     exc=ValueError, match="exceed the learned table: max_seq_len=8")
 _off("RotaryEmbedding", "offset-negative", lambda: RotaryEmbedding(8, max_seq_len=4)(rand(1, 1, 3, 8), offset=-2)[0],
      want=lambda: ref_rope(rand(1, 1, 3, 8), np.arange(-2, 1)), atol=1e-5)
 _off("RotaryEmbedding", "offset-past-table", lambda: RotaryEmbedding(8, max_seq_len=4)(rand(1, 1, 3, 8), offset=3)[0],

@@ -3,6 +3,7 @@ working for one release with a ``DeprecationWarning`` that names the new one."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -41,6 +42,17 @@ def test_the_old_name_warns_and_gives_the_same_result(name):
         old = call(assume_in_table=True)
     assert _same(new, old)
     assert rec[0].filename == __file__                    # the warning points at the caller's line
+
+
+def test_the_warning_points_at_the_line_of_the_call():
+    with pytest.warns(DeprecationWarning) as rec:
+        line = inspect.currentframe().f_lineno + 1
+        ROPE(Q, K, positions=POS, assume_in_table=True)                   # through nn.Module.__call__
+    assert (rec[0].filename, rec[0].lineno) == (__file__, line)
+    with pytest.warns(DeprecationWarning) as rec:
+        line = inspect.currentframe().f_lineno + 1
+        apply_rope_qk(Q, K, ROPE.cos_table, ROPE.sin_table, positions=POS, assume_in_table=True)
+    assert (rec[0].filename, rec[0].lineno) == (__file__, line)
 
 
 @pytest.mark.parametrize("name", list(CALLS))

@@ -343,8 +343,8 @@ def test_module_resize_returns_a_new_module_and_leaves_the_old_one_alone():
     weight = emb.weight
     new = emb.resize(30)
     assert new is not emb and isinstance(new, LearnedPositionalEmbedding)
-    assert emb.weight is weight and torch.equal(emb.weight, before) and emb.num_positions == 12
-    assert new.num_positions == 30 and new.weight.shape == (30, 4) and new.weight.is_leaf
+    assert emb.weight is weight and torch.equal(emb.weight, before) and emb.max_seq_len == 12
+    assert new.max_seq_len == 30 and new.weight.shape == (30, 4) and new.weight.is_leaf
     expected = _oracle(before.double(), 0, (1, 12), (1, 30), "bicubic", True).float()
     torch.testing.assert_close(new.weight.detach(), expected, rtol=0, atol=1e-6)
     assert torch.equal(new.weight.detach(), resize_position_embedding(before, 30, prefix_tokens=0))
@@ -407,11 +407,11 @@ def test_module_resize_on_the_meta_device():
 
 def test_module_resize_bad_input():
     emb = LearnedPositionalEmbedding(8, 4, padding_idx=1)
-    with pytest.raises(ValueError, match=r"num_positions must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"max_seq_len must be >= 1, got 0"):
         emb.resize(0)
-    with pytest.raises(TypeError, match=r"num_positions must be an int"):
+    with pytest.raises(TypeError, match=r"max_seq_len must be an int"):
         emb.resize(8.0)
-    with pytest.raises(ValueError, match=r"padding_idx=1 .* num_positions > 2"):
+    with pytest.raises(ValueError, match=r"padding_idx=1 .* max_seq_len > 2"):
         emb.resize(2)
     with pytest.raises(ValueError, match=r"padding_idx=3 .*\(current 4\)"):
         LearnedPositionalEmbedding(4, 2, padding_idx=3).resize(10)

@@ -266,6 +266,8 @@ def test_input_checks_at_the_boundary():
         R.rope_cos_sin(torch.arange(3), torch.ones(2, dtype=torch.float64), dtype=torch.int64)
     with pytest.raises(TypeError, match="assume_in_table must be a bool"):
         posenc.RotaryEmbedding(8)(torch.randn(1, 1, 3, 8), assume_in_table=1)
+    with pytest.raises(TypeError, match="assume_valid must be a bool"):
+        posenc.RotaryEmbedding(8)(torch.randn(1, 1, 3, 8), assume_valid=1)
     with pytest.raises(ValueError, match="pass seq_len"):
         posenc.RotaryEmbedding(8, scaling=posenc.DynamicNTKScaling(2.0, 8))(
             torch.randn(1, 1, 3, 8), positions=torch.arange(3), assume_valid=True)

@@ -193,7 +193,7 @@ def test_order_timm_matches_timm(grid, dim, base):
 
 
 def test_forward_adds_the_table_to_every_batch_row_and_unbatched():
-    enc = SinusoidalEncodingND(16, (3, 4), prefix_tokens=1)
+    enc = SinusoidalEncodingND((3, 4), 16, prefix_tokens=1)
     x = torch.randn(2, 13, 16)
     table = sincos_table_nd((3, 4), 16, prefix_tokens=1)
     assert torch.equal(enc(x), x + table)
@@ -202,13 +202,13 @@ def test_forward_adds_the_table_to_every_batch_row_and_unbatched():
 
 
 def test_scale_multiplies_x_only():
-    enc = SinusoidalEncodingND(8, (2, 2), scale=4.0)
+    enc = SinusoidalEncodingND((2, 2), 8, scale=4.0)
     x = torch.randn(3, 4, 8)
     torch.testing.assert_close(enc(x), 4.0 * x + sincos_table_nd((2, 2), 8))
 
 
 def test_other_grid_is_computed_exactly_without_changing_the_module():
-    enc = SinusoidalEncodingND(16, (4, 4), prefix_tokens=1, base_size=4)
+    enc = SinusoidalEncodingND((4, 4), 16, prefix_tokens=1, base_size=4)
     before = {k: v.clone() for k, v in enc.named_buffers()}
     x = torch.randn(2, 1 + 6 * 10, 16)
     want = x + sincos_table_nd((6, 10), 16, prefix_tokens=1, base_size=4)
@@ -221,7 +221,7 @@ def test_other_grid_is_computed_exactly_without_changing_the_module():
 
 
 def test_video_grid_module():
-    enc = SinusoidalEncodingND(32, (2, 3, 4))
+    enc = SinusoidalEncodingND((2, 3, 4), 32)
     x = torch.randn(1, 24, 32)
     assert_within_one_ulp(enc(torch.zeros_like(x))[0], oracle((2, 3, 4), 32), torch.float32)
     assert torch.equal(enc(x[:, :4], grid_shape=(1, 2, 2)), x[:, :4] + sincos_table_nd((1, 2, 2), 32))
@@ -229,7 +229,7 @@ def test_video_grid_module():
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_half_inputs_add_a_table_rounded_once(dtype):
-    enc = SinusoidalEncodingND(16, (5, 6), base_size=16)
+    enc = SinusoidalEncodingND((5, 6), 16, base_size=16)
     exact = sincos_table_nd((5, 6), 16, base_size=16, dtype=torch.float64)
     assert torch.equal(getattr(enc, "table_" + str(dtype).split(".")[1]), exact.to(dtype))
     x = torch.randn(2, 30, 16).to(dtype)
@@ -238,7 +238,7 @@ def test_half_inputs_add_a_table_rounded_once(dtype):
 
 
 def test_float64_inputs_get_a_float64_table():
-    enc = SinusoidalEncodingND(16, (3, 3))
+    enc = SinusoidalEncodingND((3, 3), 16)
     x = torch.zeros(1, 9, 16, dtype=torch.float64)
     out = enc(x)
     assert out.dtype == torch.float64
@@ -247,7 +247,7 @@ def test_float64_inputs_get_a_float64_table():
 
 @pytest.mark.parametrize("cast", ["to_bf16", "half", "double"])
 def test_casting_the_module_keeps_table_precision(cast):
-    enc = SinusoidalEncodingND(16, (3, 5))
+    enc = SinusoidalEncodingND((3, 5), 16)
     reference = {k: v.clone() for k, v in enc.named_buffers()}
     {"to_bf16": lambda: enc.to(torch.bfloat16), "half": enc.half, "double": enc.double}[cast]()
     for name, buf in enc.named_buffers():
@@ -255,16 +255,16 @@ def test_casting_the_module_keeps_table_precision(cast):
 
 
 def test_state_dict_is_empty_and_loads_strictly():
-    enc = SinusoidalEncodingND(8, (2, 2))
+    enc = SinusoidalEncodingND((2, 2), 8)
     assert enc.state_dict() == {}
     enc.load_state_dict({}, strict=True)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), SinusoidalEncodingND(8, (2, 2)))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), SinusoidalEncodingND((2, 2), 8))
     assert sorted(model.state_dict()) == ["0.bias", "0.weight"]
 
 
 def test_meta_device_then_to_empty_and_reset_buffers():
-    eager = SinusoidalEncodingND(16, (2, 3, 4), prefix_tokens=2, dtype=torch.float64)
-    meta = SinusoidalEncodingND(16, (2, 3, 4), prefix_tokens=2, dtype=torch.float64, device="meta")
+    eager = SinusoidalEncodingND((2, 3, 4), 16, prefix_tokens=2, dtype=torch.float64)
+    meta = SinusoidalEncodingND((2, 3, 4), 16, prefix_tokens=2, dtype=torch.float64, device="meta")
     assert meta.table_main.is_meta and meta.table_main.shape == (26, 16)
     meta.to_empty(device="cpu")
     meta.reset_buffers()
@@ -273,7 +273,7 @@ def test_meta_device_then_to_empty_and_reset_buffers():
 
 
 def test_gradient_reaches_x_and_autocast_leaves_the_table_alone():
-    enc = SinusoidalEncodingND(8, (2, 3), scale=2.0)
+    enc = SinusoidalEncodingND((2, 3), 8, scale=2.0)
     x = torch.randn(1, 6, 8, requires_grad=True)
     enc(x).sum().backward()
     assert torch.equal(x.grad, torch.full_like(x, 2.0))
@@ -282,7 +282,7 @@ def test_gradient_reaches_x_and_autocast_leaves_the_table_alone():
 
 
 def test_repr_names_the_options():
-    r = repr(SinusoidalEncodingND(8, (2, 3), order="timm", base_size=4))
+    r = repr(SinusoidalEncodingND((2, 3), 8, order="timm", base_size=4))
     assert "grid_shape=(2, 3)" in r and "order='timm'" in r and "base_size=(4.0, 4.0)" in r
 
 
@@ -319,10 +319,10 @@ def test_bad_table_arguments(args, kwargs, err, match):
 
 def test_bad_module_arguments_and_inputs():
     with pytest.raises(TypeError, match="dtype is the table's dtype"):
-        SinusoidalEncodingND(8, (2, 2), dtype=torch.bfloat16)
+        SinusoidalEncodingND((2, 2), 8, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="dim must be divisible by 4"):
-        SinusoidalEncodingND(10, (2, 2))
-    enc = SinusoidalEncodingND(8, (2, 3), prefix_tokens=1)
+        SinusoidalEncodingND((2, 2), 10)
+    enc = SinusoidalEncodingND((2, 3), 8, prefix_tokens=1)
     with pytest.raises(ValueError, match=r"x has 6 tokens but the grid_shape=\(2, 3\) with prefix_tokens=1 has 7; pass grid_shape"):
         enc(torch.zeros(1, 6, 8))
     with pytest.raises(ValueError, match=r"x has 7 tokens but the given grid_shape=\(3, 3\) with prefix_tokens=1 has 10"):
@@ -341,7 +341,7 @@ def test_bad_module_arguments_and_inputs():
 def test_own_grid_in_the_other_wide_dtype_is_exact_and_compiles_in_one_graph(table_dtype, x_dtype):
     """The module's own grid in a dtype it holds no table for is assembled from exact per-axis values:
     no host maths, so fullgraph compiles it, and each value is still rounded once."""
-    enc = SinusoidalEncodingND(16, (3, 4), prefix_tokens=1, base_size=(3, 5), dtype=table_dtype)
+    enc = SinusoidalEncodingND((3, 4), 16, prefix_tokens=1, base_size=(3, 5), dtype=table_dtype)
     x = torch.randn(2, 13, 16, dtype=x_dtype)
     truth = oracle((3, 4), 16, prefix=1, base_size=(3, 5))
     pe = enc(x) - x

@@ -82,10 +82,10 @@ for _id, _kw, _exc, _match in [
 for _id, _dtype in [("int", torch.int64), ("complex", torch.complex64), ("str", "float32")]:
     bad("sincos_table_nd", f"dtype-{_id}", lambda d=_dtype: sincos_table_nd((2, 2), 8, dtype=d), TypeError, "dtype must be one of")
 for _id, _dtype in [("float16", torch.float16), ("int", torch.int32), ("str", "float32")]:
-    bad("SinusoidalEncodingND", f"init-dtype-{_id}", lambda d=_dtype: SinusoidalEncodingND(8, (2, 2), dtype=d), TypeError,
+    bad("SinusoidalEncodingND", f"init-dtype-{_id}", lambda d=_dtype: SinusoidalEncodingND((2, 2), 8, dtype=d), TypeError,
         "dtype is the table's dtype and must be torch.float32 or torch.float64")
-bad("SinusoidalEncodingND", "init-scale-nan", lambda: SinusoidalEncodingND(8, (2, 2), scale=NAN), ValueError, "scale must be finite")
-bad("SinusoidalEncodingND", "init-scale-str", lambda: SinusoidalEncodingND(8, (2, 2), scale="1"), TypeError,
+bad("SinusoidalEncodingND", "init-scale-nan", lambda: SinusoidalEncodingND((2, 2), 8, scale=NAN), ValueError, "scale must be finite")
+bad("SinusoidalEncodingND", "init-scale-str", lambda: SinusoidalEncodingND((2, 2), 8, scale="1"), TypeError,
     "scale must be a real number")
 
 for _id, _grid, _dim, _kw, _want in [
@@ -130,35 +130,35 @@ def _nd_good(case_id, make, run, want, atol=1e-6):
 
 
 for _id, _make, _run, _want, _atol in [
-    ("1x1-prefix", lambda: (SinusoidalEncodingND(8, (1, 1), prefix_tokens=2), rand(3, 8)), lambda m, x: m(x),
+    ("1x1-prefix", lambda: (SinusoidalEncodingND((1, 1), 8, prefix_tokens=2), rand(3, 8)), lambda m, x: m(x),
      lambda x: x + ref_sincos_nd((1, 1), 8, prefix=2), 1e-6),
-    ("other-grid", lambda: (SinusoidalEncodingND(8, (2, 2), prefix_tokens=1), rand(2, 1 + 6, 8)),
+    ("other-grid", lambda: (SinusoidalEncodingND((2, 2), 8, prefix_tokens=1), rand(2, 1 + 6, 8)),
      lambda m, x: m(x, grid_shape=(3, 2)), lambda x: x + ref_sincos_nd((3, 2), 8, prefix=1), 1e-6),
-    ("other-grid-base_size", lambda: (SinusoidalEncodingND(8, (2, 2), base_size=2), rand(1, 9, 8)),
+    ("other-grid-base_size", lambda: (SinusoidalEncodingND((2, 2), 8, base_size=2), rand(1, 9, 8)),
      lambda m, x: m(x, grid_shape=(3, 3)), lambda x: x + ref_sincos_nd((3, 3), 8, base_size=2), 1e-6),
-    ("3-d", lambda: (SinusoidalEncodingND(16, (2, 1, 2), interpolation_scale=(2.0, 1.0, 1.0)), rand(1, 4, 16)),
+    ("3-d", lambda: (SinusoidalEncodingND((2, 1, 2), 16, interpolation_scale=(2.0, 1.0, 1.0)), rand(1, 4, 16)),
      lambda m, x: m(x), lambda x: x + ref_sincos_nd((2, 1, 2), 16, interp=(2.0, 1.0, 1.0)), 1e-6),
-    ("timm", lambda: (SinusoidalEncodingND(8, (2, 3), order="timm"), rand(6, 8)), lambda m, x: m(x),
+    ("timm", lambda: (SinusoidalEncodingND((2, 3), 8, order="timm"), rand(6, 8)), lambda m, x: m(x),
      lambda x: x + ref_sincos_nd((2, 3), 8, order="timm"), 1e-6),
-    ("scale", lambda: (SinusoidalEncodingND(8, (2, 2), scale=0.5), rand(2, 4, 8)), lambda m, x: m(x),
+    ("scale", lambda: (SinusoidalEncodingND((2, 2), 8, scale=0.5), rand(2, 4, 8)), lambda m, x: m(x),
      lambda x: 0.5 * x + ref_sincos_nd((2, 2), 8), 1e-6),
-    ("non-contiguous", lambda: (SinusoidalEncodingND(8, (2, 2)), rand(8, 4, 2).permute(2, 1, 0)), lambda m, x: m(x),
+    ("non-contiguous", lambda: (SinusoidalEncodingND((2, 2), 8), rand(8, 4, 2).permute(2, 1, 0)), lambda m, x: m(x),
      lambda x: x + ref_sincos_nd((2, 2), 8), 1e-6),
-    ("expanded", lambda: (SinusoidalEncodingND(8, (2, 2)), rand(1, 4, 8).expand(3, 4, 8)), lambda m, x: m(x),
+    ("expanded", lambda: (SinusoidalEncodingND((2, 2), 8), rand(1, 4, 8).expand(3, 4, 8)), lambda m, x: m(x),
      lambda x: x + ref_sincos_nd((2, 2), 8), 1e-6),
-    ("empty-batch", lambda: (SinusoidalEncodingND(8, (2, 2)), torch.zeros(0, 4, 8)), lambda m, x: m(x),
+    ("empty-batch", lambda: (SinusoidalEncodingND((2, 2), 8), torch.zeros(0, 4, 8)), lambda m, x: m(x),
      lambda x: np.zeros((0, 4, 8)), 0),
-    ("bfloat16", lambda: (SinusoidalEncodingND(8, (3, 3)), torch.zeros(2, 9, 8, dtype=torch.bfloat16)), lambda m, x: m(x),
+    ("bfloat16", lambda: (SinusoidalEncodingND((3, 3), 8), torch.zeros(2, 9, 8, dtype=torch.bfloat16)), lambda m, x: m(x),
      lambda x: x + ref_sincos_nd((3, 3), 8), 4e-3),
-    ("module-bfloat16", lambda: (SinusoidalEncodingND(8, (3, 3)).to(torch.bfloat16), torch.zeros(9, 8)), lambda m, x: m(x),
+    ("module-bfloat16", lambda: (SinusoidalEncodingND((3, 3), 8).to(torch.bfloat16), torch.zeros(9, 8)), lambda m, x: m(x),
      lambda x: x + ref_sincos_nd((3, 3), 8), 1e-6),
-    ("float64", lambda: (SinusoidalEncodingND(8, (2, 3), dtype=torch.float64), rand(6, 8, dtype=torch.float64)),
+    ("float64", lambda: (SinusoidalEncodingND((2, 3), 8, dtype=torch.float64), rand(6, 8, dtype=torch.float64)),
      lambda m, x: m(x), lambda x: x + ref_sincos_nd((2, 3), 8), 1e-13),
-    ("nan-inf", lambda: (SinusoidalEncodingND(8, (2, 2)), torch.tensor([NAN, INF, -INF, 0, 0, 0, 0, 0]).expand(4, 8)),
+    ("nan-inf", lambda: (SinusoidalEncodingND((2, 2), 8), torch.tensor([NAN, INF, -INF, 0, 0, 0, 0, 0]).expand(4, 8)),
      lambda m, x: m(x), lambda x: x + ref_sincos_nd((2, 2), 8), 1e-6),
 ]:
     _nd_good(_id, _make, _run, _want, _atol)
-good("SinusoidalEncodingND", "all-meta", lambda: SinusoidalEncodingND(8, (2, 2), device=META)(torch.zeros(2, 4, 8, device=META)),
+good("SinusoidalEncodingND", "all-meta", lambda: SinusoidalEncodingND((2, 2), 8, device=META)(torch.zeros(2, 4, 8, device=META)),
      is_meta((2, 4, 8)))
 for _id, _call, _exc, _match in [
     ("x-list", lambda m: m([[0.0] * 8] * 4), TypeError, "x must be a torch.Tensor"),
@@ -168,11 +168,11 @@ for _id, _call, _exc, _match in [
     ("x-1-d", lambda m: m(torch.zeros(8)), ValueError, r"x must have shape \(B, S, 8\)"),
     ("x-4-d", lambda m: m(torch.zeros(1, 1, 4, 8)), ValueError, r"x must have shape \(B, S, 8\)"),
     ("x-meta", lambda m: m(torch.zeros(1, 4, 8, device=META)), ValueError, "x is on meta but the tables on cpu"),
-    ("module-meta", lambda m: SinusoidalEncodingND(8, (2, 2), device=META)(torch.zeros(1, 4, 8)), ValueError,
+    ("module-meta", lambda m: SinusoidalEncodingND((2, 2), 8, device=META)(torch.zeros(1, 4, 8)), ValueError,
      "x is on cpu but the tables on meta.*reset_buffers"),
     ("tokens-vs-grid", lambda m: m(torch.zeros(1, 5, 8)), ValueError,
      r"x has 5 tokens but the grid_shape=\(2, 2\) with prefix_tokens=0 has 4; pass grid_shape="),
-    ("tokens-vs-prefix", lambda m: SinusoidalEncodingND(8, (2, 2), prefix_tokens=1)(torch.zeros(1, 4, 8)), ValueError,
+    ("tokens-vs-prefix", lambda m: SinusoidalEncodingND((2, 2), 8, prefix_tokens=1)(torch.zeros(1, 4, 8)), ValueError,
      "x has 4 tokens but the grid_shape=.* with prefix_tokens=1 has 5"),
     ("tokens-vs-given-grid", lambda m: m(torch.zeros(1, 4, 8), grid_shape=(3, 3)), ValueError,
      r"x has 4 tokens but the given grid_shape=\(3, 3\)"),
@@ -182,10 +182,10 @@ for _id, _call, _exc, _match in [
     ("grid_shape-0", lambda m: m(torch.zeros(1, 0, 8), grid_shape=(0, 2)), ValueError, r"grid_shape\[0\] must be an int in"),
     ("table-dtype-int", lambda m: m.table(dtype=torch.int32), TypeError, "dtype must be one of"),
     # like SinusoidalEncoding: a scale that overflows x's dtype is refused, not a torch RuntimeError
-    ("scale-overflows-float16", lambda m: SinusoidalEncodingND(8, (2, 2), scale=7e4)(torch.ones(1, 4, 8, dtype=torch.float16)),
+    ("scale-overflows-float16", lambda m: SinusoidalEncodingND((2, 2), 8, scale=7e4)(torch.ones(1, 4, 8, dtype=torch.float16)),
      ValueError, "scale=70000 overflows x's dtype torch.float16"),
 ]:
-    bad("SinusoidalEncodingND", _id, lambda c=_call: c(SinusoidalEncodingND(8, (2, 2))), _exc, _match)
+    bad("SinusoidalEncodingND", _id, lambda c=_call: c(SinusoidalEncodingND((2, 2), 8)), _exc, _match)
 
 
 @pytest.mark.parametrize("name, thunk, error, check", CASES.params)

@@ -202,19 +202,19 @@ good("SinusoidalEncoding", "table-meta", lambda: SinusoidalEncoding(5, device=ME
 # ---- LearnedPositionalEmbedding --------------------------------------------------------------------
 
 for _id, _kw, _exc, _match in [
-    ("num_positions-0", {"num_positions": 0}, ValueError, "num_positions must be >= 1"),
-    ("num_positions-float", {"num_positions": 4.0}, TypeError, "num_positions must be an int"),
+    ("max_seq_len-0", {"max_seq_len": 0}, ValueError, "max_seq_len must be >= 1"),
+    ("max_seq_len-float", {"max_seq_len": 4.0}, TypeError, "max_seq_len must be an int"),
     ("dim-0", {"dim": 0}, ValueError, "dim must be >= 1"),
     ("init", {"init": "xavier"}, ValueError, "init must be one of"),
     ("padding_idx-negative", {"padding_idx": -1}, ValueError, "padding_idx must be >= 0"),
-    ("padding_idx-past", {"padding_idx": 4}, ValueError, "padding_idx must be < num_positions=4"),
+    ("padding_idx-past", {"padding_idx": 4}, ValueError, "padding_idx must be < max_seq_len=4"),
     ("padding_idx-float", {"padding_idx": 1.0}, TypeError, "padding_idx must be an int"),
     ("dtype-int", {"dtype": torch.int64}, TypeError, "dtype must be one of"),
     ("dtype-bool", {"dtype": torch.bool}, TypeError, "dtype must be one of"),
     ("dtype-complex", {"dtype": torch.complex64}, TypeError, "dtype must be one of"),
     ("dtype-str", {"dtype": "float32"}, TypeError, "dtype must be one of"),
 ]:
-    bad("LearnedPositionalEmbedding", f"init-{_id}", lambda kw=_kw: LearnedPositionalEmbedding(**{"num_positions": 4, "dim": 8, **kw}),
+    bad("LearnedPositionalEmbedding", f"init-{_id}", lambda kw=_kw: LearnedPositionalEmbedding(**{"max_seq_len": 4, "dim": 8, **kw}),
         _exc, _match)
 good("LearnedPositionalEmbedding", "padding-row", lambda: LearnedPositionalEmbedding(4, 5, init="sinusoidal", padding_idx=1)(
     torch.zeros(3, 5), positions=torch.tensor([1, 0, 1], dtype=torch.uint8)),

@@ -94,7 +94,7 @@ def sincos_table_nd(
 
 _HOST_REASON = (
     "sin-cos grid tables are computed on the host in exact decimal arithmetic, which torch.compile(fullgraph=True) "
-    "cannot trace; compute the table outside the compiled code: SinusoidalEncodingND(dim, grid_shape) precomputes "
+    "cannot trace; compute the table outside the compiled code: SinusoidalEncodingND(grid_shape, dim) precomputes "
     "the table of its own grid_shape (build one for this grid), or pass in pe = sincos_table_nd(grid_shape, dim)")
 _host_table_fn = None
 
@@ -107,6 +107,9 @@ def _host_table():
     if not torch.compiler.is_compiling():
         return _exact_table
     if _host_table_fn is None:
+        # first met inside a traced function (torch._dynamo is loaded): break the graph here, with the
+        # reason (fullgraph=True stops with it), then make the wrapper, which the rest of the call uses
+        torch._dynamo.graph_break(msg=_HOST_REASON)
         _host_table_fn = torch.compiler.disable(_exact_table, reason=_HOST_REASON)
     return _host_table_fn
 

@@ -24,7 +24,7 @@ def test_matches_oracle_inside_and_outside_table(layout, batched):
     pos = rng.integers(-3, 20, size=(2, 5, 2) if batched else (5, 2)).astype("int32")   # table: 0..15
     q = rng.standard_normal((2, 3, 5, 12)).astype("float32")                             # partial rotary
     k = rng.standard_normal((2, 1, 5, 12)).astype("float32")
-    layer = AxialRotaryEmbedding(axes_dims, base=base, layout=layout, max_positions=16)
+    layer = AxialRotaryEmbedding(axes_dims, base=base, layout=layout, max_seq_len=16)
     qo, ko = layer(q, k, positions=pos)
     np.testing.assert_allclose(np_(qo), axial_rotate(q, pos, axes_dims, layout, base), rtol=0, atol=3e-6)
     np.testing.assert_allclose(np_(ko), axial_rotate(k, pos, axes_dims, layout, base), rtol=0, atol=3e-6)
@@ -45,9 +45,9 @@ def test_seq_dim_1_and_cos_sin_rows():
 
 
 def test_config_round_trip():
-    layer = AxialRotaryEmbedding((16, 56, 56), layout="half", max_positions=64)
+    layer = AxialRotaryEmbedding((16, 56, 56), layout="half", max_seq_len=64)
     again = AxialRotaryEmbedding.from_config(layer.get_config())
-    assert again.axes_dims == (16, 56, 56) and again.layout == "half" and again.max_positions == 64
+    assert again.axes_dims == (16, 56, 56) and again.layout == "half" and again.max_seq_len == 64
 
 
 def test_bad_input():

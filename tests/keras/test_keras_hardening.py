@@ -133,20 +133,20 @@ def test_bias_batch_sizes_must_agree_and_distances_fit_int32():
 
 @pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
 @pytest.mark.parametrize("bad, match", [
-    ([0, 8], r"got values in \[0, 8\]; build the layer with num_positions >= 9"),
+    ([0, 8], r"got values in \[0, 8\]; build the layer with max_seq_len >= 9"),
     ([-1, 3], r"got values in \[-1, 3\]; positions \(and offset\) index the table, so they must be >= 0"),
 ])
 def test_learned_positions_outside_the_table_raise(as_tensor, bad, match):
     layer = pk.LearnedPositionalEmbedding(8, 4, init="sinusoidal")
     positions = np.array([bad], dtype="int32")                                          # (B, S) = (1, 2)
     positions = ops.convert_to_tensor(positions) if as_tensor else positions
-    with pytest.raises(ValueError, match=r"positions must lie in \[0, num_positions=8\), " + match):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_seq_len=8\), " + match):
         layer(X, positions=positions)
 
 
 @pytest.mark.parametrize("offset, match", [(-1, r"\[-1, 0\]"), (7, r"\[7, 8\]")])
 def test_learned_offset_outside_the_table_raises(offset, match):
-    with pytest.raises(ValueError, match=r"num_positions=8\), got values in " + match):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_seq_len=8\), got values in " + match):
         pk.LearnedPositionalEmbedding(8, 4)(X, offset=offset)
 
 
@@ -265,9 +265,9 @@ def test_rotary_inputs_must_be_float_with_matching_shapes():
     (lambda: pk.SinusoidalEncoding(0), ValueError, "dim must be >= 1"),
     (lambda: pk.SinusoidalEncoding(4, max_seq_len=0), ValueError, "max_seq_len must be >= 1"),
     (lambda: pk.SinusoidalEncoding(4, dropout=1.0), ValueError, r"dropout must be in \[0, 1\)"),
-    (lambda: pk.LearnedPositionalEmbedding(0, 4), ValueError, "num_positions must be >= 1"),
+    (lambda: pk.LearnedPositionalEmbedding(0, 4), ValueError, "max_seq_len must be >= 1"),
     (lambda: pk.LearnedPositionalEmbedding(8, 0), ValueError, "dim must be >= 1"),
-    (lambda: pk.LearnedPositionalEmbedding(8, 4, padding_idx=8), ValueError, "padding_idx must be < num_positions=8"),
+    (lambda: pk.LearnedPositionalEmbedding(8, 4, padding_idx=8), ValueError, "padding_idx must be < max_seq_len=8"),
     (lambda: pk.LearnedPositionalEmbedding(8, 4, init="xavier"), ValueError, "init must be one of"),
     (lambda: pk.AlibiBias(0), ValueError, "num_heads must be >= 1"),
     (lambda: pk.AlibiBias(2.0), TypeError, "num_heads must be an int"),
@@ -339,7 +339,7 @@ def test_symbolic_inputs_get_the_static_checks():
 def test_eager_call_of_a_functional_model_checks_values():
     x_in, pos_in = keras.Input((None, 4)), keras.Input((None,), dtype="int32")
     model = keras.Model([x_in, pos_in], pk.LearnedPositionalEmbedding(8, 4)(x_in, positions=pos_in))
-    with pytest.raises(ValueError, match=r"positions must lie in \[0, num_positions=8\), got values in \[1, 9\]"):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_seq_len=8\), got values in \[1, 9\]"):
         model([np.zeros((1, 2, 4), "float32"), np.array([[1, 9]], dtype="int32")])
 
 

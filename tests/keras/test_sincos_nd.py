@@ -38,7 +38,7 @@ def f32_ulp(v):
     ],
 )
 def test_layer_adds_the_oracle_table(grid, dim, kw):
-    layer = SinusoidalEncodingND(dim, grid, order=kw.get("order", "mae"), base=kw.get("base", 10000.0),
+    layer = SinusoidalEncodingND(grid, dim, order=kw.get("order", "mae"), base=kw.get("base", 10000.0),
                                  prefix_tokens=kw.get("prefix", 0), base_size=kw.get("base_size"),
                                  interpolation_scale=kw.get("interp", 1.0))
     truth = oracle(grid, dim, **kw)
@@ -51,7 +51,7 @@ def test_layer_adds_the_oracle_table(grid, dim, kw):
 
 
 def test_unbatched_input_scale_and_other_grid():
-    layer = SinusoidalEncodingND(16, (4, 4), prefix_tokens=1, base_size=4, scale=2.0)
+    layer = SinusoidalEncodingND((4, 4), 16, prefix_tokens=1, base_size=4, scale=2.0)
     x = np.ones((17, 16), dtype="float32")
     assert np.array_equal(np_(layer(x)), 2.0 * x + layer.table())
     other = np_(layer(np.zeros((1, 1 + 6 * 10, 16), dtype="float32"), grid_shape=(6, 10)))[0]
@@ -66,13 +66,13 @@ def test_tables_equal_the_torch_side_bit_for_bit():
 
     for grid, dim, kw in (((3, 5), 16, dict(base_size=16)), ((2, 6), 8, dict(order="timm")),
                           ((2, 3, 4), 32, dict(prefix_tokens=2, interpolation_scale=(1.0, 2.0, 2.0)))):
-        layer = SinusoidalEncodingND(dim, grid, **kw)
+        layer = SinusoidalEncodingND(grid, dim, **kw)
         assert np.array_equal(layer.table(), sincos_table_nd(grid, dim, **kw).numpy())
 
 
 @pytest.mark.parametrize("policy, np_dtype", [("mixed_bfloat16", ml_dtypes.bfloat16), ("mixed_float16", np.float16)])
 def test_mixed_precision_outputs_are_the_exact_values_rounded(policy, np_dtype):
-    layer = SinusoidalEncodingND(16, (5, 7), base_size=16, dtype=policy)
+    layer = SinusoidalEncodingND((5, 7), 16, base_size=16, dtype=policy)
     out = np_(layer(ops.zeros((1, 35, 16)))).astype(np.float64)[0]
     assert str(layer.compute_dtype) in ("bfloat16", "float16")
     truth = oracle((5, 7), 16, base_size=16)
@@ -84,15 +84,15 @@ def test_mixed_precision_outputs_are_the_exact_values_rounded(policy, np_dtype):
 
 def test_symbolic_model_and_jit():
     inp = keras.Input(shape=(13, 8))
-    model = keras.Model(inp, SinusoidalEncodingND(8, (3, 4), prefix_tokens=1)(inp))
+    model = keras.Model(inp, SinusoidalEncodingND((3, 4), 8, prefix_tokens=1)(inp))
     x = np.zeros((2, 13, 8), dtype="float32")
     out = model.predict(x, verbose=0)                                # compiled (jit on JAX)
     assert out.shape == (2, 13, 8)
-    assert np.array_equal(out[1], SinusoidalEncodingND(8, (3, 4), prefix_tokens=1).table())
+    assert np.array_equal(out[1], SinusoidalEncodingND((3, 4), 8, prefix_tokens=1).table())
 
 
 def test_get_config_round_trips_and_lists_every_argument():
-    layer = SinusoidalEncodingND(16, (2, 3), base=500.0, prefix_tokens=2, order="timm", base_size=(4, 6),
+    layer = SinusoidalEncodingND((2, 3), 16, base=500.0, prefix_tokens=2, order="timm", base_size=(4, 6),
                                  interpolation_scale=0.5, scale=3.0)
     config = layer.get_config()
     json.dumps(config)
@@ -107,19 +107,19 @@ def test_get_config_round_trips_and_lists_every_argument():
 @pytest.mark.parametrize(
     "make, err, match",
     [
-        (lambda: SinusoidalEncodingND(6, (2, 2)), ValueError, r"dim must be divisible by 4 for a 2-D grid"),
-        (lambda: SinusoidalEncodingND(24, (2, 2, 2)), ValueError, r"dim must be divisible by 16 for a 3-D grid"),
-        (lambda: SinusoidalEncodingND(8, 4), TypeError, r"grid_shape must be a tuple .* pass \(4, 4\)"),
-        (lambda: SinusoidalEncodingND(8, (2, 0)), ValueError, r"grid_shape\[1\] must be an int in \[1, 2\*\*31\]"),
-        (lambda: SinusoidalEncodingND(8, (2, 2), order="vit"), ValueError, r"order must be one of 'mae', 'timm'"),
-        (lambda: SinusoidalEncodingND(16, (2, 2, 2), order="timm"), ValueError, r'order="timm" is defined for 2-D'),
-        (lambda: SinusoidalEncodingND(8, (2, 2), base_size=(1, 2, 3)), ValueError, r"one entry per grid axis \(2\)"),
-        (lambda: SinusoidalEncodingND(8, (2, 3), prefix_tokens=1)(np.zeros((1, 6, 8), "float32")), ValueError,
+        (lambda: SinusoidalEncodingND((2, 2), 6), ValueError, r"dim must be divisible by 4 for a 2-D grid"),
+        (lambda: SinusoidalEncodingND((2, 2, 2), 24), ValueError, r"dim must be divisible by 16 for a 3-D grid"),
+        (lambda: SinusoidalEncodingND(4, 8), TypeError, r"grid_shape must be a tuple .* pass \(4, 4\)"),
+        (lambda: SinusoidalEncodingND((2, 0), 8), ValueError, r"grid_shape\[1\] must be an int in \[1, 2\*\*31\]"),
+        (lambda: SinusoidalEncodingND((2, 2), 8, order="vit"), ValueError, r"order must be one of 'mae', 'timm'"),
+        (lambda: SinusoidalEncodingND((2, 2, 2), 16, order="timm"), ValueError, r'order="timm" is defined for 2-D'),
+        (lambda: SinusoidalEncodingND((2, 2), 8, base_size=(1, 2, 3)), ValueError, r"one entry per grid axis \(2\)"),
+        (lambda: SinusoidalEncodingND((2, 3), 8, prefix_tokens=1)(np.zeros((1, 6, 8), "float32")), ValueError,
          r"x has 6 tokens but the grid_shape=\(2, 3\) with prefix_tokens=1 has 7"),
-        (lambda: SinusoidalEncodingND(8, (2, 3))(np.zeros((1, 6, 8), "float32"), grid_shape=(2, 2, 2)), ValueError,
+        (lambda: SinusoidalEncodingND((2, 3), 8)(np.zeros((1, 6, 8), "float32"), grid_shape=(2, 2, 2)), ValueError,
          r"grid_shape must have 2 entries like the layer's"),
-        (lambda: SinusoidalEncodingND(8, (2, 3))(np.zeros((1, 6, 4), "float32")), ValueError, r"last dimension dim=8"),
-        (lambda: SinusoidalEncodingND(8, (2, 3))(np.zeros((1, 6, 8), "int32")), TypeError, r"x must be a floating tensor"),
+        (lambda: SinusoidalEncodingND((2, 3), 8)(np.zeros((1, 6, 4), "float32")), ValueError, r"last dimension dim=8"),
+        (lambda: SinusoidalEncodingND((2, 3), 8)(np.zeros((1, 6, 8), "int32")), TypeError, r"x must be a floating tensor"),
     ],
 )
 def test_bad_input(make, err, match):

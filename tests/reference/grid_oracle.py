@@ -143,15 +143,16 @@ def mrope_axes(dim: int, section, interleaved: bool = False) -> list[int]:
 
 
 def mrope_angles(p3, dim: int, section, base: float = 10000.0, interleaved: bool = False) -> np.ndarray:
-    """``(..., dim/2)``: slot ``j`` turns by ``p_a(j) * base^(-2j/dim)`` for positions ``p3 (3, ...)``."""
+    """``(..., dim/2)``: slot ``j`` turns by ``p_a(j) * base^(-2j/dim)`` for positions ``p3 (..., 3)``, axes
+    t, h, w last."""
     p3 = np.asarray(p3, dtype=np.float64)
     theta = base ** (-2 * np.arange(dim // 2) / dim)
-    return np.stack([p3[a] * theta[j] for j, a in enumerate(mrope_axes(dim, section, interleaved))], -1)
+    return np.stack([p3[..., a] * theta[j] for j, a in enumerate(mrope_axes(dim, section, interleaved))], -1)
 
 
 def mrope_rotate(x, p3, dim: int, section, base: float = 10000.0, *, layout: str = "half",
                  interleaved: bool = False) -> np.ndarray:
-    """M-RoPE of ``x (B, H, S, D)`` at ``p3 (3, S)`` or ``(3, B, S)``, in float64."""
+    """M-RoPE of ``x (B, H, S, D)`` at ``p3 (S, 3)`` or ``(B, S, 3)`` (axes t, h, w last), in float64."""
     angle = mrope_angles(p3, dim, section, base, interleaved)                 # (S, h) or (B, S, h)
     if angle.ndim == 3:
         angle = angle[:, None]
