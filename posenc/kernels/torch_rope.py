@@ -341,7 +341,8 @@ def decode_qk(q: torch.Tensor, k: torch.Tensor, offset: int, layout: str, seq_di
     if packed is not None:
         rows = packed[offset] if length == 1 else packed.narrow(0, offset, length)    # (4h | 2h,) or (S, ...)
         if layout == "half":
-            a, b = rows.chunk(2, -1)                                       # [cos | cos], [-sin | sin]
+            d = rows.shape[-1] // 2                                        # [cos | cos], [-sin | sin]
+            a, b = (rows[:d], rows[d:]) if length == 1 else (rows[:, :d], rows[:, d:])
         else:
             cis = torch.view_as_complex(rows.unflatten(-1, (rows.shape[-1] // 2, 2)))   # cos + i sin per pair
     else:
@@ -354,7 +355,9 @@ def decode_qk(q: torch.Tensor, k: torch.Tensor, offset: int, layout: str, seq_di
     if layout == "half":
         if length > 1 and seq_dim == 1:
             a, b = a.unsqueeze(1), b.unsqueeze(1)                          # (S, 1, D) against (1, S, H, D)
-        rot = both * a                                                     # float32 even for half-precision x
+        if both.dtype != torch.float32:
+            both = both.float()                                            # every product in float32
+        rot = both * a
         rot.addcmul_(both.roll(a.shape[-1] // 2, -1), b)
     else:
         if length > 1 and seq_dim == 1:
