@@ -65,3 +65,16 @@ def test_the_short_path_declines_what_it_does_not_serve(case):
     elif case == "meta-table":
         table = table.to("meta")
     assert rope_call.decode_step(q, k, -2, dim, offset, table, backend) == 0
+
+
+@pytest.mark.parametrize("kw, name", [({"seq_len": "long"}, "seq_len"), ({"assume_valid": "yes"}, "assume_valid"),
+                                      ({"seq_dim": 3}, "seq_dim"), ({"offset": 2.0}, "offset")])
+def test_a_bad_argument_of_a_decode_step_is_still_refused(kw, name):
+    rope = posenc.RotaryEmbedding(D, max_seq_len=64)
+    q, k = torch.randn(1, 4, 1, D), torch.randn(1, 2, 1, D)
+    kw = {"offset": 5, **kw}
+    with pytest.raises((TypeError, ValueError), match=name):
+        rope(q, k, **kw)
+    if name != "seq_len":                                  # (apply_rope_qk has no seq_len)
+        with pytest.raises((TypeError, ValueError), match=name):
+            apply_rope_qk(q, k, rope.cos_table, rope.sin_table, **kw)

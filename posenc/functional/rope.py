@@ -407,7 +407,8 @@ def apply_rope_qk(
         True
     """
     if positions is None and cu_seqlens is None and inplace is False and layout in ROPE_LAYOUTS and (
-            (backend == "auto" or backend == "torch") and type(cos) is torch.Tensor and type(sin) is torch.Tensor):
+            (backend == "auto" or backend == "torch") and (assume_valid is False or assume_valid is True)
+            and assume_in_table is UNSET and type(cos) is torch.Tensor and type(sin) is torch.Tensor):
         # a decode step at a host-known offset inside float32 tables of one shape: its cost floor
         sd = decode_step(q, k, seq_dim, 2 * cos.shape[-1], offset, cos, backend) if (
             cos.dtype == torch.float32 and cos.shape == sin.shape and cos.dim() == 2

@@ -289,7 +289,8 @@ class RotaryEmbedding(TableModule):
                 sequence alone, length-dependent rules included (each sequence with its own
                 length, unless ``seq_len`` is given).  ``seq_dim`` is not used.
         """
-        if positions is None and cu_seqlens is None and inplace is False and self._decode_ok and assume_in_table is UNSET:
+        if (positions is None and cu_seqlens is None and seq_len is None and inplace is False and self._decode_ok
+                and (assume_valid is False or assume_valid is True) and assume_in_table is UNSET):
             table = cast(torch.Tensor, self._buffers["packed_table"])
             sd = decode_step(q, k, seq_dim, self.dim, offset, table, self.backend)
             if sd:                  # a plain decode step at a host-known offset inside the table: its cost floor
