@@ -442,6 +442,8 @@ class RotaryEmbedding(TableModule):
             why: str | None = "xPos scales are applied by the torch engine"
         elif own_freqs:
             why = "the rule's frequencies for this length differ from the table's"
+        elif q.dtype == torch.float64:
+            why = f"dtype {q.dtype} is not supported by the kernel (float16, bfloat16, float32)"
         elif rng is not None:
             why = (f"positions [{rng[0]}, {rng[1]}] go past the table of {self.max_seq_len} rows (the torch engine "
                    f"computes them)")
