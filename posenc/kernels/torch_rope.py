@@ -344,7 +344,8 @@ def decode_qk(q: torch.Tensor, k: torch.Tensor, offset: int, layout: str, seq_di
             d = rows.shape[-1] // 2                                        # [cos | cos], [-sin | sin]
             a, b = (rows[:d], rows[d:]) if length == 1 else (rows[:, :d], rows[:, d:])
         else:
-            cis = torch.view_as_complex(rows.unflatten(-1, (rows.shape[-1] // 2, 2)))   # cos + i sin per pair
+            h = rows.shape[-1] // 2                                        # cos + i sin per pair
+            cis = torch.view_as_complex(rows.view(h, 2) if length == 1 else rows.view(length, h, 2))
     else:
         c, s = (cos[offset], sin[offset]) if length == 1 else (cos.narrow(0, offset, length),   # type: ignore[index, union-attr]
                                                                 sin.narrow(0, offset, length))  # type: ignore[union-attr]
@@ -363,8 +364,8 @@ def decode_qk(q: torch.Tensor, k: torch.Tensor, offset: int, layout: str, seq_di
         if length > 1 and seq_dim == 1:
             cis = cis.unsqueeze(1)
         work = both if both.dtype == torch.float32 else both.float()
-        h = cis.shape[-1]
-        rot = torch.view_as_real(torch.view_as_complex(work.unflatten(-1, (h, 2))) * cis).flatten(-2)
+        a0, a1, a2, d = work.shape                                         # (1, H + H_k, S, D) or (1, S, H + H_k, D)
+        rot = torch.view_as_real(torch.view_as_complex(work.view(a0, a1, a2, d // 2, 2)) * cis).view(a0, a1, a2, d)
     if rot.dtype != q.dtype:
         rot = rot.to(q.dtype)                                              # one rounding
     q_out, k_out = rot.split_with_sizes([q.shape[head], k.shape[head]], head)
