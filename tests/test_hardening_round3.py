@@ -1,0 +1,128 @@
+"""Hardening, round three: inputs near the edges of int64, caches that share memory, positions whose
+differences pass int64, broken promises under ``torch.compile``, and a traced T5 bias free of
+``functools.lru_cache`` (the distributed cases are in ``tests/test_distributed.py``)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+import posenc
+from posenc.functional import rope as R
+from posenc.functional import rope_and_cache
+
+INT64_MAX = 2**63 - 1
+CU = torch.tensor([0, 3, 5])                                     # lengths 3 and 2
+
+
+def tables(rows, dim):
+    inv, _ = R.rope_inv_freq(dim)
+    return R.rope_cos_sin(torch.arange(rows), inv)
+
+
+# ---- packed offsets near 2**63 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset, which", [
+    (INT64_MAX - 1, r"offset=9223372036854775806"),                      # 3 tokens: the last at 2**63
+    (torch.tensor([INT64_MAX - 1, 0]), r"offset\[0\]=9223372036854775806"),
+    (torch.tensor([0, INT64_MAX]), r"offset\[1\]=9223372036854775807"),  # 2 tokens: the last at 2**63
+])
+def test_packed_offsets_past_int64_are_refused_naming_offset(offset, which):
+    match = which + r" puts the last position of sequence \d \(length \d\) past int64"
+    with pytest.raises(ValueError, match=match):
+        posenc.positions_from_cu_seqlens(CU, offset=offset)
+    q = torch.randn(5, 2, 8)
+    with pytest.raises(ValueError, match=match):
+        R.apply_rope_qk(q, None, *tables(16, 8), cu_seqlens=CU, offset=offset)
+    with pytest.raises(ValueError, match=match):                          # not a promise that was never made
+        posenc.RotaryEmbedding(8, max_seq_len=16)(q, q.clone(), cu_seqlens=CU, offset=offset)
+
+
+def test_packed_offsets_that_just_fit_int64_give_exact_positions():
+    got = posenc.positions_from_cu_seqlens(CU, offset=torch.tensor([INT64_MAX - 2, INT64_MAX - 1]))
+    assert got.tolist() == [INT64_MAX - 2, INT64_MAX - 1, INT64_MAX, INT64_MAX - 1, INT64_MAX]
+    low = -(2**63)
+    assert posenc.positions_from_cu_seqlens(CU, offset=low).tolist() == [low, low + 1, low + 2, low, low + 1]
+
+
+def test_an_int_offset_outside_int64_is_refused():
+    with pytest.raises(ValueError, match=r"offset=9223372036854775808 lies outside int64"):
+        posenc.positions_from_cu_seqlens(CU, offset=2**63)
+
+
+def test_a_decrease_hidden_by_a_wrapping_difference_is_refused():
+    # lengths by subtraction: big, -2 - big (wraps to a positive number), 7: no negative length
+    cu = torch.tensor([0, INT64_MAX, -2, 5])
+    with pytest.raises(ValueError, match="decrease"):
+        posenc.positions_from_cu_seqlens(cu, total=5)
+
+
+# ---- caches that share memory -------------------------------------------------------------------
+
+
+def _paged_call(k_cache, v_cache):
+    cos, sin = tables(32, 8)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, h, 8, generator=g) for h in (4, 1, 1))
+    return rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=torch.tensor([0, 3, 5]),
+                          positions=torch.tensor([1, 2, 3]), backend="torch")
+
+
+@pytest.mark.parametrize("shift", [1, 8, 63])                       # elements between the two caches' starts
+def test_partially_overlapping_caches_are_refused(shift):
+    buf = torch.zeros(64 + shift)
+    k_cache, v_cache = buf[:64].view(4, 2, 1, 8), buf[shift:64 + shift].view(4, 2, 1, 8)
+    with pytest.raises(ValueError, match="k_cache and v_cache share memory"):
+        _paged_call(k_cache, v_cache)
+    assert not buf.any()                                             # nothing was written
+
+
+def test_a_cache_overlapping_in_part_of_its_bytes_is_refused():
+    buf = torch.zeros(64 * 4 + 2, dtype=torch.uint8)
+    k_cache = buf[:256].view(torch.float32).view(4, 2, 1, 8)
+    v_cache = buf[2:258].view(torch.float16).view(4, 2, 1, 16)[..., :8]   # starts inside k_cache's first float
+    with pytest.raises(ValueError, match="share memory"):
+        _paged_call(k_cache, v_cache)
+
+
+def test_interleaved_views_of_one_buffer_are_accepted():
+    kv = torch.zeros(4, 2, 2, 1, 8)                                  # (num_blocks, 2, block_size, Hk, D)
+    _paged_call(kv[:, 0], kv[:, 1])
+    alone_k, alone_v = torch.zeros(4, 2, 1, 8), torch.zeros(4, 2, 1, 8)
+    _paged_call(alone_k, alone_v)
+    assert torch.equal(kv[:, 0], alone_k) and torch.equal(kv[:, 1], alone_v)
+
+
+def _bytes_of(t):
+    size = t.element_size()
+    out = set()
+    for index in itertools.product(*(range(n) for n in t.shape)):
+        start = t.data_ptr() + sum(i * s for i, s in zip(index, t.stride(), strict=True)) * size
+        out.update(range(start, start + size))
+    return out
+
+
+def test_share_memory_agrees_with_enumerating_the_bytes():
+    from posenc._torch.checks import share_memory
+
+    rng = random.Random(0)
+    buf = torch.zeros(4096)
+    seen = set()
+    for _ in range(1500):
+        views = []
+        for _ in range(2):
+            shape = [rng.randint(1, 4) for _ in range(rng.randint(1, 4))]
+            stride = [rng.choice([0, 1, 2, 3, 4, 8, 12, 16, 24, 48]) for _ in shape]
+            views.append(buf.as_strided(shape, stride, rng.randint(0, 160)))
+        a, b = views
+        if rng.random() < 0.3 and b.stride(-1) == 1:
+            b = b.view(torch.int16)                                  # halves: overlaps of part of an element
+        want = bool(_bytes_of(a) & _bytes_of(b))
+        assert share_memory(a, b) == want, (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(),
+                                            b.storage_offset(), b.dtype)
+        seen.add(want)
+    assert seen == {True, False}
