@@ -126,3 +126,61 @@ def test_share_memory_agrees_with_enumerating_the_bytes():
                                             b.storage_offset(), b.dtype)
         seen.add(want)
     assert seen == {True, False}
+
+
+# ---- query and key positions further apart than int64 holds ------------------------------------
+
+EDGES = [-(2**63), -(2**62), -5, 0, 3, 2**62 + 1, 2**63 - 1]
+
+
+def _t5_reference(module, q, k):
+    from posenc.core.relative import relative_position_bucket
+
+    return [[relative_position_bucket(kj - qi, bidirectional=module.bidirectional, num_buckets=module.num_buckets,
+                                      max_distance=module.max_distance) for kj in k] for qi in q]
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_buckets_are_exact_for_distances_past_int64(bidirectional):
+    t5 = posenc.RelativePositionBias(2, bidirectional=bidirectional)
+    q = k = torch.tensor(EDGES)
+    want = torch.tensor(_t5_reference(t5, EDGES, EDGES))
+    assert torch.equal(t5.buckets(q, k), want)
+    assert torch.equal(t5(q, k), t5.weight[want].movedim(-1, -3))
+    assert torch.equal(t5.attention_bias(q, k, num_heads=2, dtype=torch.float32), t5(q, k))
+    with torch.no_grad():
+        score_mod = t5.attention_score_mod(q[None], k[None], num_heads=2)
+        for i, j in itertools.product(range(len(EDGES)), repeat=2):
+            got = score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(1), torch.tensor(i), torch.tensor(j))
+            assert got == t5.weight[want[i, j], 1], (EDGES[i], EDGES[j])
+
+
+def test_relative_distances_saturate_instead_of_wrapping():
+    from posenc.functional import relative_distances
+
+    q = torch.tensor([2**62 + 1, -(2**63), 5])
+    k = torch.tensor([-(2**62), 2**63 - 1, 7])
+    got = relative_distances(q, k)
+    want = [[max(min(a - b, 2**63 - 1), -(2**63)) for b in k.tolist()] for a in q.tolist()]
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_alibi_is_right_for_distances_past_int64(symmetric, dtype):
+    alibi = posenc.AlibiBias(2, symmetric=symmetric)
+    q = k = torch.tensor(EDGES)
+    slopes = alibi.slopes.tolist()
+    # the exact value in Python integers, rounded once
+    want = torch.tensor([[[-m * (abs(a - b) if symmetric else a - b) for b in EDGES] for a in EDGES] for m in slopes],
+                        dtype=torch.float64).to(dtype)
+    got = alibi(q, k, dtype=dtype)
+    torch.testing.assert_close(got, want, rtol=2 * torch.finfo(dtype).eps, atol=0)
+    assert torch.equal(torch.sign(got), torch.sign(want))
+    assert torch.equal(alibi.attention_bias(q, k, num_heads=2, dtype=dtype), got)
+    assert not torch.signbit(alibi(torch.tensor([2**62]), torch.tensor([2**62]))).any()   # +0.0 on the diagonal
+    score_mod = alibi.attention_score_mod(q[None], k[None], num_heads=2)
+    for i, j in itertools.product(range(len(EDGES)), repeat=2):
+        s = score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(1), torch.tensor(i), torch.tensor(j))
+        torch.testing.assert_close(s.double(), want[1, i, j].double(), rtol=2 * torch.finfo(torch.float32).eps,
+                                   atol=0)
