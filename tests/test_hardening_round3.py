@@ -184,3 +184,49 @@ def test_alibi_is_right_for_distances_past_int64(symmetric, dtype):
         s = score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(1), torch.tensor(i), torch.tensor(j))
         torch.testing.assert_close(s.double(), want[1, i, j].double(), rtol=2 * torch.finfo(torch.float32).eps,
                                    atol=0)
+
+
+# ---- a broken assume_valid promise under torch.compile raises, it does not abort ---------------
+
+_BROKEN_PROMISE = r"""
+import sys
+import torch
+import posenc
+
+torch.set_num_threads(2)                          # inductor's gather then runs in a parallel loop
+S, D = 4096, 64
+rope = posenc.RotaryEmbedding(D, max_seq_len=S)
+if sys.argv[1] == "functional":
+    cos, sin = rope.cos_table, rope.sin_table
+    def f(q, k, p):
+        return posenc.functional.apply_rope_qk(q, k, cos, sin, positions=p, assume_valid=True)
+else:
+    def f(q, k, p):
+        return rope(q, k, positions=p, assume_valid=True)
+compiled = torch.compile(f, backend="inductor")
+q, k = torch.randn(2, 8, S, D), torch.randn(2, 8, S, D)
+compiled(q, k, torch.arange(S))
+bad = torch.arange(S)
+bad[-1] = S + 5                                   # outside the table, though promised inside
+compiled(q, k, bad)
+print("returned without an error")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["functional", "module"])
+def test_a_broken_promise_under_inductor_raises_instead_of_aborting(entry, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch._inductor")
+    script = tmp_path / "broken_promise.py"
+    script.write_text(_BROKEN_PROMISE)
+    root = str(Path(__file__).resolve().parents[1])                  # this checkout's posenc
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script), entry], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])      # an exception, not a signal (-6: abort)
+    assert "positions must lie in [0, 4096)" in done.stderr, done.stderr[-2000:]
+    assert "returned without an error" not in done.stdout
