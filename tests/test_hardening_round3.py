@@ -230,3 +230,38 @@ def test_a_broken_promise_under_inductor_raises_instead_of_aborting(entry, tmp_p
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])      # an exception, not a signal (-6: abort)
     assert "positions must lie in [0, 4096)" in done.stderr, done.stderr[-2000:]
     assert "returned without an error" not in done.stdout
+
+
+# ---- a traced T5 bias calls no functools.lru_cache function ------------------------------------
+
+
+def _t5_call(name):
+    from posenc.functional import relative_position_bucket
+
+    t5 = posenc.RelativePositionBias(4, num_buckets=8, max_distance=16)
+    p = torch.arange(6)
+    q = k = v = torch.randn(1, 4, 6, 8)
+    if name == "forward":
+        return (lambda p: t5(p, p + 2)), (p,), t5(p, p + 2)
+    if name == "bucket":
+        return (lambda r: relative_position_bucket(r, num_buckets=8, max_distance=16)), (p - 3,), \
+            relative_position_bucket(p - 3, num_buckets=8, max_distance=16)
+    backend = "flex" if name == "flex" else "sdpa"
+    if backend == "flex":
+        pytest.importorskip("torch.nn.attention.flex_attention")
+    return (lambda q, k, v: posenc.attention(q, k, v, encoding=t5, backend=backend)), (q, k, v), \
+        posenc.attention(q, k, v, encoding=t5)
+
+
+@pytest.mark.parametrize("name", ["forward", "bucket", "sdpa", "flex"])
+def test_compiling_the_t5_bias_calls_no_cached_host_function(name):
+    import warnings
+
+    fn, args, want = _t5_call(name)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        got = torch.compile(fn, backend="eager", fullgraph=name != "flex")(*args)
+    cached = [str(w.message) for w in caught if "lru_cache" in str(w.message)]
+    assert not cached, cached
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
