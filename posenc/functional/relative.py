@@ -98,19 +98,11 @@ def relative_position_bucket(
         >>> relative_position_bucket(torch.tensor([-200, -16, -8, -7, -1, 0, 1, 7, 8, 16, 127, 200]))
         tensor([15, 10,  8,  7,  1,  0, 17, 23, 24, 26, 31, 31])
     """
-    thresholds = bucket_thresholds(num_buckets, max_distance, bidirectional)
+    # traced: without core's host cache, which Dynamo would skip with a warning
+    thresholds = core_relative.thresholds(num_buckets, max_distance, bidirectional,
+                                          cache=not torch.compiler.is_compiling())
     return bucket_of_distances(check_positions("relative_position", relative_position), thresholds,
                                bidirectional=bidirectional)
-
-
-def bucket_thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, tuple[int, ...]]:
-    """:func:`posenc.core.relative.thresholds`, checked; while tracing, computed by the function under
-    its ``functools.lru_cache`` (Dynamo ignores the cache wrapper anyway and warns that a cached host
-    function in a graph may be silently wrong), so a compiled call sees no cache."""
-    if torch.compiler.is_compiling():
-        return core_relative._thresholds.__wrapped__(
-            *core_relative.check_bucket_args(num_buckets, max_distance, bidirectional))
-    return core_relative.thresholds(num_buckets, max_distance, bidirectional)
 
 
 def bucket_of_distances(relative_position: torch.Tensor, thresholds: tuple[int, int, tuple[int, ...]], *,
