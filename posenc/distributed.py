@@ -203,16 +203,16 @@ def context_parallel_attention(
             under tensor parallelism too, the bias modules built with this rank's ``head_range``.
         causal: mask keys at later global positions.
         group: the context-parallel process group (default: the world).
-        seq_len: the real global length, default ``world_size * S_local``.  A sequence padded to
-            split evenly passes its unpadded length: keys at positions ``>= seq_len`` are then
+        seq_len: the real global length, at most and by default ``world_size * S_local``.  A
+            sequence padded to split evenly passes its unpadded length: keys at positions ``>= seq_len`` are then
             masked out (their queries' rows are padding to ignore), and length-dependent rules see
             the real length.
         scale, dropout_p, backend: as for :func:`posenc.attention`.  Dropout masks are drawn on
             each rank: seed the ranks differently (or use ``dropout_p=0``) to avoid repeating one
             mask on every shard.
-        assume_valid: promise that every rank passes shards of one length with valid positions.
-            Without it, the ranks first exchange their shard lengths and whether their arguments
-            are valid (one small collective and one read from the device), so that a mistake on
+        assume_valid: promise that every rank passes shards of one length, batch size, KV heads,
+            head dims and dtype, positions of one dtype and the same ``seq_len``.  Without it, the
+            ranks first exchange these and whether their arguments are valid (one small collective and one read from the device), so that a mistake on
             one rank raises a ``ValueError`` on every rank instead of hanging the others in the
             all-gather.
 
@@ -220,8 +220,10 @@ def context_parallel_attention(
         ``(B, H, S_local, D)``: this rank's rows of the attention output.
 
     Raises:
-        ValueError: positions of the wrong shape or device, shards of different lengths (on every
-            rank), padding with ``backend="flex"``, a ``torch.distributed`` group that is not
+        ValueError: positions of the wrong shape or device, shards of different lengths, ranks that
+            disagree on the batch size, KV heads, head dims, dtype, positions' dtype or
+            ``seq_len`` (the same error on every rank), a ``seq_len`` longer than the gathered
+            sequence, padding with ``backend="flex"``, a ``torch.distributed`` group that is not
             initialised, and whatever :func:`posenc.attention` rejects.
     """
     import torch.distributed as dist
@@ -233,14 +235,18 @@ def context_parallel_attention(
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    problem = _shard_problem(q, k, v, positions)
+    problem = _shard_problem(q, k, v, positions, seq_len)
+    if problem is None and seq_len is not None:
+        seq_len = int(seq_len)
     world = dist.get_world_size(group)
     if not assume_valid:
-        _agree(problem, k.shape[2] if k.dim() == 4 else -1, k.device, group)
+        _agree(problem, _shard_summary(k, v, positions, seq_len), k.device, group)
     elif problem is not None:
-        raise ValueError(problem)
+        raise problem
     total = world * k.shape[2]
-    seq_len = total if seq_len is None else _validate.check_int("seq_len", seq_len, minimum=1)
+    if seq_len is not None and seq_len > total:
+        raise ValueError(_long_seq_len(seq_len, world, k.shape[2]))
+    seq_len = total if seq_len is None else seq_len
     k_all = _GatherSequence.apply(k, 2, group)                              # (B, H_kv, W * S_local, D), autograd
     v_all = _GatherSequence.apply(v, 2, group)
     all_positions = [torch.empty_like(positions) for _ in range(world)]
@@ -257,38 +263,92 @@ def context_parallel_attention(
     )
 
 
-def _shard_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: object) -> str | None:
+def _shard_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: object,
+                   seq_len: object) -> Exception | None:
     """What is wrong with this rank's arguments (None if nothing), without raising yet."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
-            return f"{name} must be this rank's (B, H, S_local, D) shard, got shape {tuple(t.shape)}"
+            return ValueError(f"{name} must be this rank's (B, H, S_local, D) shard, got shape {tuple(t.shape)}")
+    if v.shape[:3] != k.shape[:3] or v.dtype != k.dtype or v.device != k.device:
+        return ValueError(f"v must be (B, H_kv, S_local, D_v) like k, with k's dtype and device; got k "
+                          f"{tuple(k.shape)} {k.dtype} on {k.device} and v {tuple(v.shape)} {v.dtype} on {v.device}")
+    if (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]) or q.dtype != k.dtype:
+        return ValueError(f"q must be (B, H, S_local, D) with k's batch size, length, head dim and dtype; got q "
+                          f"{tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype}")
     if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        return "positions must be an integer tensor (S_local,) of global positions, e.g. from shard_positions"
+        return ValueError("positions must be an integer tensor (S_local,) of global positions, e.g. from "
+                          "shard_positions")
     if positions.shape != (k.shape[2],) or positions.device != k.device:
-        return (f"positions must be ({k.shape[2]},) on {k.device}, the global positions of this shard; got "
-                f"{tuple(positions.shape)} on {positions.device}")
+        return ValueError(f"positions must be ({k.shape[2]},) on {k.device}, the global positions of this shard; "
+                          f"got {tuple(positions.shape)} on {positions.device}")
+    if seq_len is not None:
+        try:
+            _validate.check_int("seq_len", seq_len, minimum=1)
+        except (TypeError, ValueError) as err:
+            return err
     return None
 
 
-def _agree(problem: str | None, length: int, device: torch.device, group: Any) -> None:
-    """Exchange every rank's shard length and validity; raise the same ``ValueError`` on every rank
-    if any rank has a problem or the lengths differ."""
+#: Every torch dtype, in one fixed order: a dtype travels between ranks as its index here.
+_DTYPES = tuple(sorted({t for t in vars(torch).values() if isinstance(t, torch.dtype)}, key=str))
+
+#: What the ranks must agree on, in the order :func:`_shard_summary` lists it.
+_AGREED = ("S_local", "batch size B", "KV heads H_kv", "head dim D of k", "head dim D_v of v", "dtype of k and v",
+           "dtype of positions", "seq_len")
+
+
+def _shard_summary(k: torch.Tensor, v: torch.Tensor, positions: object, seq_len: object) -> list[int]:
+    """This rank's entries of :data:`_AGREED` as integers (-1 where an argument is unusable; a
+    ``seq_len`` of None is 0): what the all-gathers need to be equal on every rank."""
+    B, hk, n, d = k.shape if k.dim() == 4 else (-1, -1, -1, -1)
+    dv = v.shape[3] if v.dim() == 4 else -1
+    pos = _DTYPES.index(positions.dtype) if isinstance(positions, torch.Tensor) else -1
+    length = 0 if seq_len is None else min(seq_len, 2**63 - 1) if isinstance(seq_len, int) else -1
+    return [n, B, hk, d, dv, _DTYPES.index(k.dtype), pos, length]
+
+
+def _long_seq_len(seq_len: int, world: int, local: int) -> str:
+    return (f"seq_len={seq_len} exceeds the gathered length world_size * S_local = {world} * {local} = "
+            f"{world * local}; seq_len is the real length of a sequence padded at the end, at most the padded "
+            f"length (omit it when nothing is padded)")
+
+
+def _agree(problem: Exception | None, summary: list[int], device: torch.device, group: Any) -> None:
+    """Exchange every rank's :func:`_shard_summary` and validity, and raise on every rank if any rank
+    has a problem (its own error there, a ``ValueError`` naming it elsewhere), or the same
+    ``ValueError`` on every rank if the ranks disagree on a shape, a dtype or ``seq_len``, or if
+    ``seq_len`` is longer than the gathered sequence."""
     import torch.distributed as dist
 
-    mine = torch.tensor([length, problem is not None], dtype=torch.int64, device=device)
+    mine = torch.tensor([problem is not None, *summary], dtype=torch.int64, device=device)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
     table = torch.stack(everyone).tolist()                                  # one read
-    bad = [r for r, (_, failed) in enumerate(table) if failed]
+    bad = [r for r, (failed, *_) in enumerate(table) if failed]
     if problem is not None:
-        raise ValueError(problem)
+        raise problem
     if bad:
         raise ValueError(f"rank(s) {bad} of the group passed invalid arguments to context_parallel_attention "
                          f"(their error says which); this rank stops too")
-    lengths = [n for n, _ in table]
-    if len(set(lengths)) > 1:
-        raise ValueError(f"every rank must hold a shard of one length, got S_local = {lengths} by rank; shard the "
-                         f"sequence with shard_sequence (pad it to a multiple of the chunks and pass seq_len=)")
+    columns = list(zip(*(row[1:] for row in table), strict=True))         # one tuple per _AGREED entry, by rank
+    if len(set(columns[0])) > 1:
+        raise ValueError(f"every rank must hold a shard of one length, got S_local = {list(columns[0])} by rank; "
+                         f"shard the sequence with shard_sequence (pad it to a multiple of the chunks and pass "
+                         f"seq_len=)")
+    world, local = len(table), columns[0][0]
+    seq_lens = [n or world * local for n in columns[-1]]                   # None: the gathered length
+    columns[-1] = tuple(seq_lens)
+    differ = []
+    for name, values in zip(_AGREED[1:], columns[1:], strict=True):
+        if len(set(values)) > 1:
+            shown = [str(_DTYPES[c]) for c in values] if name.startswith("dtype") else list(values)
+            differ.append(f"{name} = {shown}")
+    if differ:
+        raise ValueError(f"the ranks of the group disagree on {'; '.join(differ)} (by rank); every rank must pass "
+                         f"shards of one batch size, KV heads, head dims and dtype, positions of one dtype and the "
+                         f"same seq_len")
+    if seq_lens[0] > world * local:
+        raise ValueError(_long_seq_len(seq_lens[0], world, local))
 
 
 class _GatherSequence(torch.autograd.Function):

@@ -318,3 +318,88 @@ def test_context_parallel_in_one_process_equals_plain_attention(tmp_path):
         dist.destroy_process_group()
 
 
+
+
+# ---- ranks that disagree: the same ValueError on every rank --------------------------------------
+
+DISAGREEMENTS = {                       # rank 0's and rank 1's (B, H_kv, D, dtype, positions' dtype, seq_len)
+    "batch size B = [1, 2]": ((1, 2, 4, torch.float32, torch.int64, None), (2, 2, 4, torch.float32, torch.int64, None)),
+    "KV heads H_kv = [2, 1]": ((1, 2, 4, torch.float32, torch.int64, None), (1, 1, 4, torch.float32, torch.int64, None)),
+    "head dim D of k = [4, 8]": ((1, 2, 4, torch.float32, torch.int64, None), (1, 2, 8, torch.float32, torch.int64, None)),
+    "dtype of k and v = ['torch.float32', 'torch.float64']": ((1, 2, 4, torch.float32, torch.int64, None),
+                                                                (1, 2, 4, torch.float64, torch.int64, None)),
+    "dtype of positions = ['torch.int64', 'torch.int32']": ((1, 2, 4, torch.float32, torch.int64, None),
+                                                              (1, 2, 4, torch.float32, torch.int32, None)),
+    "seq_len = [7, 8]": ((1, 2, 4, torch.float32, torch.int64, 7), (1, 2, 4, torch.float32, torch.int64, None)),
+    "seq_len=9 exceeds the gathered length world_size * S_local = 2 * 4 = 8": (
+        (1, 2, 4, torch.float32, torch.int64, 9), (1, 2, 4, torch.float32, torch.int64, 9)),
+}
+
+
+def _run_disagreements(rank, world):
+    """Each case: rank 1 differs from rank 0 (or both pass a seq_len past the gathered length); both
+    must raise one ValueError with one message, and the group must stay usable."""
+    rope = posenc.RotaryEmbedding(8, max_seq_len=16, scaling=DynamicNTKScaling(factor=2.0, original_max_seq_len=4))
+    for expected, setups in DISAGREEMENTS.items():
+        B, hk, d, dtype, index_dtype, seq_len = setups[rank]
+        q = torch.randn(B, 2, 4, d, dtype=dtype)
+        k = v = torch.randn(B, hk, 4, d, dtype=dtype)
+        positions = shard_positions(8, rank, world).to(index_dtype)
+        try:
+            context_parallel_attention(q, k, v, positions=positions, encoding=rope if d == 8 else None,
+                                       seq_len=seq_len)
+        except ValueError as err:
+            message = str(err)
+        else:
+            message = "no error"
+        messages = [None] * world
+        dist.all_gather_object(messages, message)
+        assert messages[0] == messages[1], messages
+        assert expected in message, (expected, message)
+
+
+def _disagreement_worker(rank, world, store, result_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        _run_disagreements(rank, world)
+        with open(os.path.join(result_dir, f"rank{rank}.done"), "w") as f:
+            f.write("ok")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_disagree_raise_one_error_on_every_rank(tmp_path):
+    mp = pytest.importorskip("torch.multiprocessing")
+    context = mp.start_processes(_disagreement_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + TIME_LIMIT
+    try:
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the 2 processes did not finish within {TIME_LIMIT} s")
+    finally:
+        for p in context.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+    assert [(tmp_path / f"rank{r}.done").read_text() for r in range(2)] == ["ok", "ok"]
+
+
+def test_seq_len_past_the_gathered_length_is_refused(tmp_path):
+    """A seq_len longer than world_size * S_local used to be accepted (dynamic NTK then saw a wrong length)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        rope = posenc.RotaryEmbedding(8, max_seq_len=32, scaling=DynamicNTKScaling(factor=2.0, original_max_seq_len=4))
+        q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
+        for assume_valid in (False, True):
+            with pytest.raises(ValueError, match=r"seq_len=7 exceeds the gathered length .* = 6"):
+                context_parallel_attention(q, k, v, positions=torch.arange(6), encoding=rope, seq_len=7,
+                                           assume_valid=assume_valid)
+        with pytest.raises(TypeError, match="seq_len must be an int"):
+            context_parallel_attention(q, k, v, positions=torch.arange(6), encoding=rope, seq_len=6.0)
+        exact = context_parallel_attention(q, k, v, positions=torch.arange(6), encoding=rope, seq_len=6)
+        torch.testing.assert_close(exact, posenc.attention(q, k, v, encoding=rope), rtol=0, atol=1e-6)
+    finally:
+        dist.destroy_process_group()

@@ -245,3 +245,62 @@ def check_qk(q: object, k: object, seq_dim: object, rotary_dim: int | None = Non
                 f"for a rotary dim <= the head dim"
             )
     return sd
+
+
+def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether some element of ``a`` and some element of ``b`` share a byte of memory (host-side: only
+    pointers, shapes and strides are read, never the values).
+
+    Exact, unlike ``torch._C._overlaps`` (which answers True for any two views of one buffer whose
+    byte ranges interleave, e.g. the keys and values halves ``kv[:, 0]`` and ``kv[:, 1]`` of a
+    FlashInfer-style ``(num_blocks, 2, block_size, H, D)`` cache).  Element ``i`` of ``a`` and ``j`` of
+    ``b`` overlap when ``p_a + sum(i_d a_d) - p_b - sum(j_d b_d)`` lies in ``(-size_a, size_b)``
+    (bytes); the search takes the strides from the largest down, keeping a coefficient only if the
+    smaller strides can still reach the interval, so it visits a handful of nodes for real layouts.
+    Past a fixed budget of steps (strides chosen to defeat it) it answers True: refusing is safe.
+    """
+    if not a.numel() or not b.numel() or a.is_meta or b.is_meta:
+        return False
+    sa, sb = a.element_size(), b.element_size()
+
+    def span(t: torch.Tensor, size: int) -> tuple[int, int]:
+        last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))   # (torch strides are >= 0)
+        return t.data_ptr(), t.data_ptr() + (last + 1) * size           # bytes [start, end)
+
+    (a0, a1), (b0, b1) = span(a, sa), span(b, sb)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    # sum over terms of c * step, c in [lo, hi]: a's strides with c = i_d in [0, n - 1], b's with
+    # c = -j_d in [-(n - 1), 0]; equal steps merge (c = i - j)
+    terms: dict[int, tuple[int, int]] = {}
+    for t, size, sign in ((a, sa, 1), (b, sb, -1)):
+        for n, s in zip(t.shape, t.stride(), strict=True):
+            if n == 1 or s == 0:
+                continue
+            step, lo, hi = s * size, *sorted((0, sign * (n - 1)))
+            old = terms.get(step, (0, 0))
+            terms[step] = (old[0] + lo, old[1] + hi)
+    steps = sorted(terms.items(), reverse=True)                         # largest step first
+    reach_lo = [0] * (len(steps) + 1)                                   # reach of the steps after i
+    reach_hi = [0] * (len(steps) + 1)
+    for i in range(len(steps) - 1, -1, -1):
+        step, (lo, hi) = steps[i]
+        reach_lo[i], reach_hi[i] = reach_lo[i + 1] + lo * step, reach_hi[i + 1] + hi * step
+    budget = [10_000]
+    base = a.data_ptr() - b.data_ptr()
+
+    def reachable(i: int, low: int, high: int) -> bool:
+        """Whether the steps from ``i`` on can sum to a value in the open interval ``(low, high)``."""
+        budget[0] -= 1
+        if budget[0] < 0:
+            return True
+        if i == len(steps):
+            return low < 0 < high
+        step, (lo, hi) = steps[i]
+        c_min = max(lo, -(-(low + 1 - reach_hi[i + 1]) // step))        # c * step > low - reach_hi
+        c_max = min(hi, (high - 1 - reach_lo[i + 1]) // step)           # c * step < high - reach_lo
+        return any(reachable(i + 1, low - c * step, high - c * step) for c in range(c_min, c_max + 1))
+
+    # a's element i at base + sum(a terms) (relative to b's start) meets b's element j when
+    # base + sum(a) - sum(b) lies in (-sa, sb)
+    return reachable(0, -sa - base, sb - base)

@@ -34,7 +34,10 @@ def check_cu_seqlens(cu_seqlens: object, device: torch.device) -> torch.Tensor:
 def check_varlen_offset(offset: object, num_seqs: int, device: torch.device) -> int | torch.Tensor:
     """``offset`` of a packed batch: an int for every sequence, or an integer tensor ``(N,)``."""
     if not isinstance(offset, torch.Tensor):
-        return check_offset(offset)
+        offset = check_offset(offset)
+        if not isinstance(offset, int) or _INT64_MIN <= offset <= _INT64_MAX:
+            return offset
+        raise ValueError(f"offset={offset} lies outside int64; pass a first position within [-2**63, 2**63 - 1]")
     if offset.dtype.is_floating_point or offset.dtype.is_complex or offset.dtype == torch.bool:
         raise TypeError(f"offset must be an int or an integer tensor (N,), got dtype {offset.dtype}; use .long()")
     if offset.shape != (num_seqs,):
@@ -47,24 +50,43 @@ def check_varlen_offset(offset: object, num_seqs: int, device: torch.device) -> 
     return offset
 
 
+_INT64_MIN, _INT64_MAX = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
+
+
 def varlen_range(cu_seqlens: torch.Tensor, total: int, offset: int | torch.Tensor) -> tuple[int, int]:
-    """Check the values of ``cu_seqlens`` against ``total`` tokens, with one read from the device,
-    and return the ``(min, max)`` position of the packed batch (``(0, -1)`` when it is empty)."""
+    """Check the values of ``cu_seqlens`` against ``total`` tokens, and ``offset`` against int64,
+    with one read from the device, and return the ``(min, max)`` position of the packed batch
+    (``(0, -1)`` when it is empty).
+
+    Nothing here can overflow: a decrease is found by comparing neighbours (a difference of two
+    int64 values may wrap), and a last position ``offset[i] + len_i - 1`` past int64 is found by
+    comparing ``offset[i]`` with ``2**63 - len_i`` before adding.
+    """
     cu = cu_seqlens.long()
-    lengths = cu[1:] - cu[:-1]                                           # (N,)
+    decrease = (cu[1:] < cu[:-1]).any()
+    lengths = (cu[1:] - cu[:-1]).clamp_(min=0)                           # (N,) exact when nothing decreases
     starts = offset.long() if isinstance(offset, torch.Tensor) else torch.full_like(lengths, offset)
     nonempty = lengths > 0
-    big, small = torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min
+    steps = (lengths - 1).clamp_(min=0)                                  # last position = start + steps
+    past = nonempty & (starts > _INT64_MAX - steps)                      # start + steps would pass int64
+    fits = nonempty & ~past
+    worst = past.long().argmax()                                         # the first such sequence (N >= 1)
     stats = torch.stack([
-        cu[0], cu[-1], lengths.min(),
-        torch.where(nonempty, starts, big).min(),
-        torch.where(nonempty, starts + lengths - 1, small).max(),
+        cu[0], cu[-1], decrease.long(), past.any().long(), worst, starts[worst], lengths[worst],
+        torch.where(nonempty, starts, _INT64_MAX).min(),
+        torch.where(fits, starts + torch.where(fits, steps, 0), _INT64_MIN).max(),
     ]).tolist()                                                          # one transfer
-    first, last, shortest, lo, hi = stats
-    if first != 0 or last != total or shortest < 0:
+    first, last, decreases, overflow, worst, start, length, lo, hi = stats
+    if first != 0 or last != total or decreases:
         raise ValueError(
             f"cu_seqlens must start at 0, never decrease and end at the number of tokens T={total}; got first "
-            f"{first}, last {last}{', and a decrease' if shortest < 0 else ''}; {_FIX}"
+            f"{first}, last {last}{', and a decrease' if decreases else ''}; {_FIX}"
+        )
+    if overflow:
+        which = f"offset[{worst}]={start}" if isinstance(offset, torch.Tensor) else f"offset={start}"
+        raise ValueError(
+            f"{which} puts the last position of sequence {worst} (length {length}) past int64 (2**63 - 1); "
+            f"pass offsets with offset + length - 1 <= 2**63 - 1"
         )
     return (lo, hi) if total else (0, -1)
 

@@ -41,16 +41,19 @@ def check_bucket_args(num_buckets: int, max_distance: int, bidirectional: bool) 
     return num_buckets, max_distance, bidirectional
 
 
-def thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, tuple[int, ...]]:
+def thresholds(num_buckets: int, max_distance: int, bidirectional: bool, *,
+               cache: bool = True) -> tuple[int, int, tuple[int, ...]]:
     """``(per_side, max_exact, thr)``: ``n >= max_exact`` lands in ``max_exact + #{t in thr: t <= n}``.
 
     ``thr[k - 1]`` is the smallest ``n`` whose logarithmic bucket offset is at least ``k``.  The
     arguments are validated on every call (the cache below would let ``32.0`` pass as ``32``).
+    ``cache=False`` computes them afresh, for code that ``torch.compile`` traces (Dynamo skips a
+    ``functools.lru_cache`` wrapper, warning that the result may be silently wrong).
     """
-    return _thresholds(*check_bucket_args(num_buckets, max_distance, bidirectional))
+    checked = check_bucket_args(num_buckets, max_distance, bidirectional)
+    return _cached_thresholds(*checked) if cache else _thresholds(*checked)
 
 
-@functools.lru_cache(maxsize=64)
 def _thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int, tuple[int, ...]]:
     per_side = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_side // 2
@@ -68,6 +71,9 @@ def _thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tup
             guess = max_exact
         out.append(_least(reaches, max_exact, guess))
     return per_side, max_exact, tuple(out)
+
+
+_cached_thresholds = functools.lru_cache(maxsize=64)(_thresholds)
 
 
 def _least(reaches, lowest: int, guess: int) -> int:

@@ -7,7 +7,7 @@ import torch
 from posenc import _validate
 from posenc._torch.checks import check_float_dtype, check_same_device
 from posenc.core import alibi as core_alibi
-from posenc.functional.relative import relative_distances
+from posenc.functional.relative import check_position_pair, difference_value
 
 __all__ = ["alibi_bias", "alibi_logits", "alibi_slopes"]
 
@@ -60,27 +60,31 @@ def alibi_bias(
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.dtype.is_floating_point:
         raise TypeError(f"slopes must be a 1-D floating tensor (H,), got {slopes!r:.60}")
     check_float_dtype("dtype", dtype)
-    dist = relative_distances(positions, key_positions)                 # (S, S_k) or (B, S, S_k), q - k
+    check_position_pair(positions, key_positions)
     check_same_device("slopes", slopes, "positions", positions.device)
-    return alibi_bias_of_distances(dist, slopes, symmetric=symmetric, dtype=dtype)
+    return alibi_bias_of_positions(positions, key_positions, slopes, symmetric=symmetric, dtype=dtype)
 
 
-def alibi_bias_of_distances(distances: torch.Tensor, slopes: torch.Tensor, *, symmetric: bool,
-                            dtype: torch.dtype) -> torch.Tensor:
-    """:func:`alibi_bias` from checked int64 distances ``q - k`` ``(S, S_k)``/``(B, S, S_k)`` and slopes
-    ``(H,)`` on their device: ``(..., H, S, S_k)``.  (What encodings call inside ``posenc.attention``,
-    which has checked the positions already.)"""
+def alibi_bias_of_positions(positions: torch.Tensor, key_positions: torch.Tensor, slopes: torch.Tensor, *,
+                            symmetric: bool, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`alibi_bias` of checked positions ``(S,)``/``(B, S)`` and slopes ``(H,)`` on their device:
+    ``(..., H, S, S_k)``.  (What encodings call inside ``posenc.attention``, which has checked the
+    positions already.)"""
     m = slopes.to(torch.float32 if dtype != torch.float64 else torch.float64)
-    bias = alibi_logits(distances.unsqueeze(-3), m.view(-1, 1, 1), symmetric=symmetric)   # (..., H, S, S_k)
+    q, k = positions.long().unsqueeze(-1), key_positions.long().unsqueeze(-2)   # (..., S, 1), (..., 1, S_k)
+    bias = alibi_logits(q.unsqueeze(-3), k.unsqueeze(-3), m.view(-1, 1, 1), symmetric=symmetric)   # (..., H, S, S_k)
     return bias.to(dtype)
 
 
-def alibi_logits(distance: torch.Tensor, slope: torch.Tensor, *, symmetric: bool) -> torch.Tensor:
-    """``-slope * distance`` (``|distance|`` when symmetric) for integer ``distance = q - k``.
+def alibi_logits(query_position: torch.Tensor, key_position: torch.Tensor, slope: torch.Tensor, *,
+                 symmetric: bool) -> torch.Tensor:
+    """``-slope * (q - k)`` (``|q - k|`` when symmetric) for integer positions ``q`` and ``k`` (broadcast).
 
-    The one place the formula lives: :func:`alibi_bias` applies it to whole distance matrices and
-    :class:`posenc.AlibiBias` to single scores inside ``flex_attention``.  The distance is negated
-    as an integer, so a zero distance gives ``+0.0``.
+    The one place the formula lives: :func:`alibi_bias` applies it to whole position grids and
+    :class:`posenc.AlibiBias` to single scores inside ``flex_attention``.  The negated distance is
+    computed as ``k - q`` (``min - max``), so a zero distance gives ``+0.0``, and in the slope's
+    dtype without integer overflow: positions further apart than int64 holds (``q = 2**62 + 1``,
+    ``k = -2**62``) keep their sign and magnitude.
     """
-    neg = -distance.abs() if symmetric else -distance
-    return neg.to(slope.dtype) * slope
+    neg = difference_value(query_position, key_position, slope.dtype, absolute=symmetric, negate=True)
+    return neg * slope

@@ -30,6 +30,7 @@ from posenc._torch.checks import (
     check_position_args,
     check_qk,
     check_same_device,
+    share_memory,
 )
 from posenc._torch.rope_call import check_table_options, choose_engine, table_rotary_dim
 from posenc._torch.rows import guard_in_table, out_of_table
@@ -82,7 +83,10 @@ def rope_and_cache(
     - **paged cache** (``slots``, as vLLM's flash layout and FlashInfer's NHD layout): token ``t``
       is written to block ``slots[t] // block_size``, row ``slots[t] % block_size``; a negative slot
       (vLLM's ``-1`` for padding tokens) is not written, but its q is still rotated.  Tokens are
-      flattened, so ``seq_dim`` is ignored, and ``positions`` are required.
+      flattened, so ``seq_dim`` is ignored, and ``positions`` are required.  Slots are not checked
+      for duplicates (that would cost a sort on the device): tokens sharing a slot all write it
+      and one write survives, which one is unspecified (the torch engine on CPU keeps the last
+      token's in practice; on CUDA the writes race).  Give each token its own slot.
 
     Args:
         q: queries, ``(B, Hq, S, D)`` (``seq_dim=-2``) or ``(B, S, Hq, D)`` (``seq_dim=1``) for a
@@ -92,7 +96,8 @@ def rope_and_cache(
         v: values, the same shape as ``k``.
         k_cache: ``(B, Hk, S_max, D)`` (contiguous, whatever ``seq_dim``) or
             ``(num_blocks, block_size, Hk, D)`` (paged); any floating dtype, updated in place.
-        v_cache: the same shape as ``k_cache``, updated in place.
+        v_cache: the same shape as ``k_cache``, updated in place; it may be a view of the same buffer
+            as ``k_cache`` (e.g. ``kv[:, 0]`` and ``kv[:, 1]``) but must share no element with it.
         cos, sin: ``(P, d/2)`` tables with ``d <= D``, e.g.
             ``rope_cos_sin(torch.arange(P), inv_freq)``.
         cache_seqlens: ``(B,)`` integer tensor, the tokens already in each row of a contiguous
@@ -130,7 +135,7 @@ def rope_and_cache(
         TypeError: non-tensor or non-floating q/k/v/caches/tables, non-integer cache_seqlens,
             slots or positions.
         ValueError: both or neither of ``cache_seqlens`` and ``slots``; shapes that do not match
-            the cache kind; positions outside the tables; writes past the end of the cache
+            the cache kind; caches that share memory; positions outside the tables; writes past the end of the cache
             (``cache_seqlens[b] + S > S_max``, a slot ``>= num_blocks * block_size``); an input
             that requires grad while autograd records (use
             :func:`posenc.functional.apply_rope_qk` for training); ``backend="triton"`` where the
@@ -264,6 +269,13 @@ def _check_caches(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: ob
                              f"would collide; allocate the cache with torch.zeros or torch.empty")
     if k_cache.data_ptr() == v_cache.data_ptr() and k_cache.stride() == v_cache.stride() and k_cache.numel():
         raise ValueError("k_cache and v_cache are the same tensor; keys and values need a cache each")
+    if share_memory(k_cache, v_cache):
+        raise ValueError(
+            f"k_cache and v_cache share memory (views of one buffer whose elements overlap: k_cache at element "
+            f"offset {k_cache.storage_offset()} with strides {k_cache.stride()}, v_cache at "
+            f"{v_cache.storage_offset()} with strides {v_cache.stride()}), so key and value writes would collide; "
+            f"give each its own memory, e.g. kv[0] and kv[1] of one (2, ...) buffer"
+        )
 
 
 def _check_contiguous(q, k, v, k_cache, v_cache, cache_seqlens, positions, seq_dim, rotary):

@@ -13,7 +13,18 @@ _FAR = 2**62
 
 
 def relative_distances(positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-    """``q_i - k_j`` as int64: ``(S, S_k)`` for 1-D positions, ``(B, S, S_k)`` if either is ``(B, ...)``."""
+    """``q_i - k_j`` as int64: ``(S, S_k)`` for 1-D positions, ``(B, S, S_k)`` if either is ``(B, ...)``.
+
+    Exact whenever the difference fits int64; one that does not (positions beyond ``+-2**62``
+    apart, e.g. ``q = 2**62 + 1``, ``k = -2**62``) saturates to ``2**63 - 1`` or ``-2**63``, so it
+    keeps its sign and stays past every bucket threshold.
+    """
+    check_position_pair(positions, key_positions)
+    return difference(positions.long().unsqueeze(-1), key_positions.long().unsqueeze(-2))
+
+
+def check_position_pair(positions: torch.Tensor, key_positions: torch.Tensor) -> None:
+    """Integer ``(S,)``/``(B, S)`` query and key positions with one batch size, on one device."""
     for name, p in (("positions", positions), ("key_positions", key_positions)):
         check_positions(name, p)
         if p.dim() not in (1, 2):
@@ -24,7 +35,44 @@ def relative_distances(positions: torch.Tensor, key_positions: torch.Tensor) -> 
         )
     if positions.device != key_positions.device:
         raise ValueError(f"positions is on {positions.device} but key_positions on {key_positions.device}")
-    return positions.long().unsqueeze(-1) - key_positions.long().unsqueeze(-2)
+
+
+def difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a - b`` of int64 tensors (broadcast), saturated to ``[-2**63, 2**63 - 1]`` instead of wrapping.
+
+    Elementwise and traceable (no reads from the device).  The subtraction overflowed exactly when
+    ``a`` and ``b`` have different signs and the wrapped result's sign differs from ``a``'s; the
+    true difference then lies past the limit on ``a``'s side.
+    """
+    d = a - b
+    wrapped = ((a ^ b) & (a ^ d)) < 0
+    return torch.where(wrapped, torch.where(a < 0, _INT64_MIN, _INT64_MAX), d)
+
+
+def difference_value(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, *, absolute: bool = False,
+                     negate: bool = False) -> torch.Tensor:
+    """``a - b`` of int64 tensors (broadcast) as a ``dtype`` float, right even where the integer
+    difference wraps (``|a - b| >= 2**63``): one rounding where it fits int64, at most two past it.
+
+    ``absolute``: ``|a - b|``; with ``negate`` too: ``-|a - b|``, computed as ``min - max`` so that
+    a zero difference gives ``+0.0``.  Elementwise and traceable (no reads from the device).
+    """
+    if absolute:
+        hi, lo = torch.maximum(a, b), torch.minimum(a, b)
+        if negate:                                                       # lo - hi in [-(2**64 - 1), 0]
+            d = lo - hi
+            return d.to(dtype) - torch.where(d > 0, _TWO64, 0.0).to(dtype)
+        d = hi - lo                                                      # in [0, 2**64 - 1]
+        return d.to(dtype) + torch.where(d < 0, _TWO64, 0.0).to(dtype)
+    if negate:
+        a, b = b, a
+    d = a - b
+    wrapped = ((a ^ b) & (a ^ d)) < 0                                    # the true value is d + 2**64 or d - 2**64
+    return d.to(dtype) + torch.where(wrapped, torch.where(a < 0, -_TWO64, _TWO64), 0.0).to(dtype)
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_TWO64 = 2.0**64
 
 
 def relative_position_bucket(
@@ -50,7 +98,9 @@ def relative_position_bucket(
         >>> relative_position_bucket(torch.tensor([-200, -16, -8, -7, -1, 0, 1, 7, 8, 16, 127, 200]))
         tensor([15, 10,  8,  7,  1,  0, 17, 23, 24, 26, 31, 31])
     """
-    thresholds = core_relative.thresholds(num_buckets, max_distance, bidirectional)
+    # traced: without core's host cache, which Dynamo would skip with a warning
+    thresholds = core_relative.thresholds(num_buckets, max_distance, bidirectional,
+                                          cache=not torch.compiler.is_compiling())
     return bucket_of_distances(check_positions("relative_position", relative_position), thresholds,
                                bidirectional=bidirectional)
 

@@ -23,7 +23,9 @@ class AlibiBias(TableModule):
     ``symmetric=True``), shape ``(H, S, S_k)`` for 1-D positions or ``(B, H, S, S_k)`` for per-row
     positions; build it once per forward and share it across layers (or pass the module to
     :func:`posenc.attention`).  The slopes follow the paper's rule for any head count and live in a
-    non-persistent float64 buffer.
+    non-persistent float64 buffer.  Positions may be any int64 values: ``q_i - k_j`` is formed
+    without integer overflow (no reads from the device), so positions further apart than int64
+    holds still get a bias of the right sign and size.
 
     Args:
         num_heads: query heads ``H`` of the whole model.
@@ -86,8 +88,8 @@ class AlibiBias(TableModule):
         self._check_heads(num_heads)
         if positions.device != self.slopes.device:
             check_same_device("slopes", self.slopes, "positions", positions.device)
-        distances = positions.long().unsqueeze(-1) - key_positions.long().unsqueeze(-2)   # (..., S, S_k), q - k
-        return functional_alibi.alibi_bias_of_distances(distances, self.slopes, symmetric=self.symmetric, dtype=dtype)
+        return functional_alibi.alibi_bias_of_positions(positions, key_positions, self.slopes, symmetric=self.symmetric,
+                                                        dtype=dtype)
 
     def attention_score_mod(self, positions, key_positions, *, num_heads):
         """``flex_attention`` score modification over ``(B, S)`` / ``(B, S_k)`` positions."""
@@ -96,8 +98,8 @@ class AlibiBias(TableModule):
         symmetric = self.symmetric
 
         def score_mod(score, b, h, qi, ki):
-            return score + functional_alibi.alibi_logits(positions[b, qi] - key_positions[b, ki], slopes[h],
-                                                         symmetric=symmetric)
+            return score + functional_alibi.alibi_logits(positions[b, qi].long(), key_positions[b, ki].long(),
+                                                         slopes[h], symmetric=symmetric)
         return score_mod
 
     def _check_heads(self, num_heads: int) -> None:

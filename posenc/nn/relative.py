@@ -21,7 +21,9 @@ class RelativePositionBias(nn.Module):
 
     ``forward(positions, key_positions)`` buckets ``k_j - q_i`` (exact thresholds, see
     :mod:`posenc.core.relative`) and looks up ``weight[bucket, h]``, returning ``(H, S, S_k)`` for
-    1-D positions or ``(B, H, S, S_k)`` for per-row positions.  T5 computes it once, in the first
+    1-D positions or ``(B, H, S, S_k)`` for per-row positions.  Positions may be any int64 values:
+    the distance saturates instead of wrapping (no reads from the device), so pairs further apart
+    than int64 holds land in the outermost bucket of the right side.  T5 computes it once, in the first
     layer, and shares it across layers: build it once per forward (or pass the module to
     :func:`posenc.attention`).
 
@@ -86,7 +88,8 @@ class RelativePositionBias(nn.Module):
 
     def buckets(self, positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Bucket of every (query, key) pair: ``(S, S_k)`` or ``(B, S, S_k)``."""
-        rel = -functional_relative.relative_distances(positions, key_positions)            # key - query
+        functional_relative.check_position_pair(positions, key_positions)
+        rel = functional_relative.difference(key_positions.long().unsqueeze(-2), positions.long().unsqueeze(-1))
         check_same_device("positions", positions, "the weight", self.weight.device)
         return self._buckets(rel)
 
@@ -114,7 +117,8 @@ class RelativePositionBias(nn.Module):
 
     def _bias(self, positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` for checked positions on the weight's device: ``(..., H, S, S_k)``."""
-        rel = key_positions.long().unsqueeze(-2) - positions.long().unsqueeze(-1)          # (..., S, S_k), key - query
+        rel = functional_relative.difference(key_positions.long().unsqueeze(-2),
+                                             positions.long().unsqueeze(-1))     # (..., S, S_k), key - query
         values = nn.functional.embedding(self._buckets(rel), self.weight)                # (..., S, S_k, H)
         return values.movedim(-1, -3)                                                    # (..., H, S, S_k)
 
@@ -140,7 +144,8 @@ class RelativePositionBias(nn.Module):
         flat = table.reshape(-1)                                                  # (H * width,)
 
         def score_mod(score, b, h, qi, ki):
-            distance = (key_positions[b, ki] - positions[b, qi]).clamp(-far, far)
+            distance = functional_relative.difference(key_positions[b, ki].long(), positions[b, qi].long())
+            distance = distance.clamp(-far, far)
             return score + flat[h * width + distance + far]
         return score_mod
 
