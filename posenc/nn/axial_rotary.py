@@ -21,7 +21,7 @@ from posenc._torch.checks import (
     inplace_pair_overlaps,
 )
 from posenc._torch.rope_call import check_flags, choose_engine, promise
-from posenc._torch.rows import check_given_rows
+from posenc._torch.rows import check_given_rows, guard_in_table
 from posenc._torch.tables import TableModule
 from posenc.core import axial as core_axial
 from posenc.core import exact as core_exact
@@ -259,6 +259,10 @@ class AxialRotaryEmbedding(TableModule):
         """Packed rows ``(..., 2h)``: pair ``j`` reads coordinate ``positions[..., axis(j)]``."""
         h = self.dim // 2
         axis, pair = cast(torch.Tensor, self._buffers["pair_index"])
+        if torch.compiler.is_compiling():
+            # a gather that fails inside a compiled CPU loop aborts the process: assert, then clamp
+            guard_in_table("positions", positions, table.shape[0])
+            positions = positions.clamp(0, table.shape[0] - 1)
         index = positions.index_select(-1, axis) * h + pair                          # (..., h)
         try:
             out = torch.embedding(table.view(-1, 2), index)                          # (..., h, 2)

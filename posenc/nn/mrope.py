@@ -19,7 +19,7 @@ from posenc._torch.checks import (
     from_table,
 )
 from posenc._torch.rope_call import check_flags, choose_engine, feed, promise
-from posenc._torch.rows import check_given_rows
+from posenc._torch.rows import check_given_rows, guard_in_table
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
@@ -222,6 +222,10 @@ class MultimodalRotaryEmbedding(TableModule):
         """cos/sin rows for ``(..., 3)`` positions: gathered from the tables (``table``), else exact."""
         if table:
             h = self.dim // 2
+            if torch.compiler.is_compiling():
+                # a gather that fails inside a compiled CPU loop aborts the process: assert, then clamp
+                guard_in_table("positions", positions, self.max_seq_len)
+                positions = positions.clamp(0, self.max_seq_len - 1)
             per_slot = positions.index_select(-1, self.slot_axis)                    # (..., h): p_a(j)
             flat = per_slot.long() * h + torch.arange(h, device=positions.device)      # row-major table index
             try:
