@@ -113,25 +113,30 @@ def table_rotary_dim(cos: torch.Tensor, sin: torch.Tensor) -> int:
 
 
 def table_positions_ok(positions: torch.Tensor | None, offset: int, length: int, rows: int, assume: bool,
-                       name: str = "positions") -> None:
+                       name: str = "positions") -> torch.Tensor | None:
     """Step 2 for caller-given tables (no exact fallback): positions must lie in ``[0, rows)``.
 
-    Checked on the host for an offset, with one range reduction for a tensor, by a traceable
-    assertion while compiling, and not at all when promised (``assume``).
+    Checked on the host for an offset, with one range reduction for a tensor, and not at all when
+    promised (``assume``).  While compiling, a traceable assertion checks them and the positions
+    returned are clamped into the table: a gather that fails inside a compiled CPU loop (inductor's
+    own bounds check) would abort the process, where the assertion raises an error.  Returns the
+    positions to look up.
     """
     if positions is None:
         if offset < 0 or offset + length > rows:
             raise ValueError(
                 f"{name} {offset}..{offset + length - 1} are outside the cos/sin table of {rows} rows; {_FIX}"
             )
-    elif assume or not positions.numel():
-        return
     elif torch.compiler.is_compiling():
         guard_in_table(name, positions, rows)
+        return positions.clamp(0, rows - 1)
+    elif assume or not positions.numel():
+        return positions
     else:
         lo, hi = position_range(positions)
         if lo < 0 or hi >= rows:
             raise out_of_table(name, lo, hi, rows, _FIX)
+    return positions
 
 
 def choose_engine(backend: str, q: torch.Tensor, k: torch.Tensor | None, sd: int | None,

@@ -56,18 +56,11 @@ def table_rows(table: torch.Tensor, positions: torch.Tensor | None, offset: int,
 
     The caller has checked (or guarded) the range; the lookup itself is bounds-checked too (an
     ``IndexError`` on CPU, a device-side assertion on CUDA), so it never reads outside the table.
-    While compiling, the range is asserted here (:func:`guard_in_table`) and the index clamped into
-    the table: inductor's own bounds check of a gather runs inside a parallel CPU loop, where a
-    failure cannot be raised and aborts the process, so the gather must never fail; the assertion
-    raises a ``RuntimeError`` instead.
     """
     if positions is None:
         return table.narrow(0, offset, length)
     if positions.dtype not in (torch.int64, torch.int32):
         positions = positions.long()
-    if torch.compiler.is_compiling():
-        guard_in_table("positions", positions, table.shape[0])
-        positions = positions.clamp(0, table.shape[0] - 1)              # (a broken promise: the guard raises)
     try:
         return torch.embedding(table, positions)
     except IndexError:                                                   # a broken assume_valid promise

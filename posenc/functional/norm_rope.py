@@ -152,7 +152,7 @@ def rms_norm_rope_qk(
         k_token = _norm_extent("k_weight", k_weight, k, head_axis)
     seq_len = q.shape[sd]
     positions, offset = check_position_args(positions, offset, seq_len, q.shape[0], q.device)
-    table_positions_ok(positions, offset, seq_len, cos.shape[0], assume_valid)
+    positions = table_positions_ok(positions, offset, seq_len, cos.shape[0], assume_valid)
     why = None
     if cos.requires_grad or sin.requires_grad:
         why = "gradients with respect to cos/sin are computed by the torch engine"

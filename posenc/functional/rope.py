@@ -423,7 +423,7 @@ def apply_rope_qk(
     sd, positions, offset, _ = check_call(q, k, seq_dim, table_rotary_dim(cos, sin), positions, offset, inplace,
                                           assume_valid)
     check_table_options(q, cos, sin, layout, backend)
-    table_positions_ok(positions, offset, q.shape[sd], cos.shape[0], assume_valid)
+    positions = table_positions_ok(positions, offset, q.shape[sd], cos.shape[0], assume_valid)
     engine = rope_engine(choose_engine(backend, q, k, sd))
     return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd)
 

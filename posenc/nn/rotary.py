@@ -428,7 +428,9 @@ class RotaryEmbedding(TableModule):
             self._in_table(rng) if rng is not None else known_in_table or assume and positions is not None)
         if from_table:
             if rng is None and tracing and positions is not None:
+                # assert, then clamp: a gather that fails inside a compiled CPU loop aborts the process
                 guard_in_table("positions", positions, self.max_seq_len)
+                positions = positions.clamp(0, self.max_seq_len - 1)
             return None, positions, rng, None
         if rng is None and positions is not None:
             rng = self._range(positions, False)              # computed exactly: the promise does not cover it
