@@ -163,6 +163,55 @@ def test_gallery_shows_every_plot_figure():
     assert (DOCS / "compare_quick.png").is_file()
 
 
+def test_cli_page_describes_what_posenc_plot_writes():
+    """docs/cli.md names every figure, says how many, and what --max-len sets (the similarity figure
+    reaches 4 x --max-len)."""
+    drawn = set(re.findall(r'"(\w+\.png)"', (ROOT / "posenc" / "lab" / "plots.py").read_text(encoding="utf-8")))
+    page = (DOCS / "cli.md").read_text(encoding="utf-8")
+    section = page[page.index("## `posenc plot`"):]
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    assert f"Writes {words[len(drawn)]} PNG figures" in section
+    assert drawn == set(re.findall(r"^\| `(\w+\.png)` \|", section, re.M))
+    assert drawn == set(re.findall(r"^figures/(\w+\.png)$", section, re.M))
+    assert "4 × max-len" in section and "largest distance shown" not in section
+    from posenc.cli import build_parser
+
+    plot_help = build_parser()._subparsers._group_actions[0].choices["plot"].format_help()
+    assert f"{words[len(drawn)]} PNG figures" in " ".join(plot_help.split()) and "4 x --max-len" in plot_help
+
+
+# ------------------------------------------------------------------------------------------------
+# Install advice that works: posenc is not on PyPI, so `pip install "posenc[...]"` fails today.
+
+_PYPI_EXTRA = re.compile(r"""pip install ["']?posenc\[""")
+
+
+def _advice_files() -> list[pathlib.Path]:
+    return ([ROOT / "README.md"] + sorted(DOCS.rglob("*.md")) + sorted((ROOT / "posenc").rglob("*.py")))
+
+
+def test_pip_advice_does_not_rely_on_pypi():
+    """Every ``pip install "posenc[...]"`` is said to be for once posenc is on PyPI; the advice that
+    works today installs from a clone (``pip install ".[plot]"``) or the dependency itself."""
+    bad = []
+    for path in _advice_files():
+        text = " ".join(path.read_text(encoding="utf-8").split())        # joins wrapped lines
+        for match in _PYPI_EXTRA.finditer(text):
+            context = text[max(0, match.start() - 80) : match.end() + 40]
+            if "on PyPI" not in context:
+                bad.append(f"{path.relative_to(ROOT)}: ...{context}...")
+    assert not bad, "pip advice that fails while posenc is not on PyPI:\n" + "\n".join(bad)
+
+
+def test_cli_help_gives_install_advice_that_works_today():
+    from posenc.cli import _torch_missing, build_parser
+
+    epilog = " ".join(build_parser().format_help().split())
+    assert 'pip install ".[torch,plot]"' in epilog and "pip install torch" in epilog
+    assert "posenc[" not in epilog.replace('once posenc is on PyPI: pip install "posenc[torch,plot]"', "")
+    assert _torch_missing("compare") is None or "posenc[" not in _torch_missing("compare")
+
+
 # ------------------------------------------------------------------------------------------------
 # The griffe extension that turns reST roles into cross-references.
 
