@@ -203,6 +203,20 @@ def test_pip_advice_does_not_rely_on_pypi():
     assert not bad, "pip advice that fails while posenc is not on PyPI:\n" + "\n".join(bad)
 
 
+_TORCH_RECIPE = ("On a normal Linux machine, `pip install torch==2.13.0` from PyPI fetches a CUDA build (several "
+                 "GB); for a CPU-only install, run `pip install torch==2.13.0 --index-url "
+                 "https://download.pytorch.org/whl/cpu` first (any `torch>=2.4` works).")
+
+
+def test_readme_and_getting_started_give_the_same_torch_recipe():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for text in (readme, (DOCS / "getting-started.md").read_text(encoding="utf-8")):
+        assert _TORCH_RECIPE in " ".join(text.split())
+    # the quick start's two commands install torch from PyPI, as the recipe says
+    quick = readme[readme.index("## Quick start"):].split("```")[1].splitlines()[1:]
+    assert [line.split(" && ")[0] for line in quick] == ["pip install torch==2.13.0"] * 2
+
+
 def test_cli_help_gives_install_advice_that_works_today():
     from posenc.cli import _torch_missing, build_parser
 
