@@ -131,7 +131,7 @@ if not TYPE_CHECKING:
             if err.name != "torch":
                 raise
             raise ImportError(
-                f"posenc.{name} needs PyTorch: pip install 'posenc[torch]' (Keras users: import posenc.keras)"
+                f"posenc.{name} needs PyTorch: pip install torch (Keras users: import posenc.keras)"
             ) from err
         globals()[name] = value
         return value

@@ -208,8 +208,8 @@ def _torch_missing(command: str) -> str | None:
         import torch  # noqa: F401
     except ImportError as err:
         return (f"posenc {command}: error: this command {_NEEDS_TORCH[command]}, which cannot be "
-                f"imported ({err}); install it with pip install \"posenc[torch]\" (or pip install torch). "
-                "posenc table, posenc list and --help work without it")
+                f"imported ({err}); install it with pip install torch (in a clone of posenc: pip install "
+                "\".[torch]\"). posenc table, posenc list and --help work without it")
     return None
 
 
@@ -447,8 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="posenc", description="Positional encodings for Transformers.",
-        epilog="table, list and --help need only NumPy; compare and plot need PyTorch (pip install "
-               '"posenc[torch]"), and their figures matplotlib (pip install "posenc[plot]"). Exit status: 0 '
+        epilog="table, list and --help need only NumPy; compare and plot need PyTorch (pip install torch), "
+               "and their figures matplotlib (pip install matplotlib); in a clone of posenc, pip install "
+               '".[torch,plot]" installs both (once posenc is on PyPI: pip install "posenc[torch,plot]"). '
+               "Exit status: 0 "
                "success, 1 the work failed (an output that cannot be written, a missing dependency), 2 a bad "
                "command line.")
     parser.add_argument("--version", action="version", version=f"posenc {posenc.__version__}")
@@ -497,15 +499,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.set_defaults(func=_cmd_compare, check=_check_compare, command_parser=c)
 
-    p = sub.add_parser("plot", help="write PNG figures that explain the encodings",
-                       description="Write PNG figures that explain the encodings. The two patch-grid figures "
+    p = sub.add_parser("plot", help="write six PNG figures that explain the encodings",
+                       description="Write six PNG figures that explain the encodings. The two patch-grid figures "
                                    "(sincos_2d_table.png, axial_similarity.png) always show a 16 x 16 grid with "
-                                   "64 features; --dim and --max-len set the 1-D figures.")
+                                   "64 features, and context_parallel_shards.png 32 tokens over 4 ranks; --dim "
+                                   "and --max-len set the three 1-D figures.")
     p.add_argument("--out", type=_folder, default=pathlib.Path("posenc-plots"),
                    help="folder for the PNG files, created if missing (default posenc-plots)")
     p.add_argument("--dim", type=_even_dim, default=64, help=f"features per position, even, from 2 to {MAX_DIM} (default 64)")
     p.add_argument("--max-len", type=_int_range(1, MAX_CELLS), default=128,
-                   help="positions in the table figure and largest distance shown, >= 1 (default 128)")
+                   help="positions in the table figure and distances in the logit figure, >= 1; the "
+                        "similarity figure shows distances up to 4 x --max-len - 1 (default 128)")
     p.set_defaults(func=_cmd_plot, check=_check_plot, command_parser=p)
     return parser
 

@@ -10,7 +10,11 @@ headless Chromium and fails, listing each problem, when
 - the page logs a console error, throws an uncaught exception, or a request to the local server
   fails (status 400 or more, or no answer);
 - the page requests anything from another host (the site must work offline: no web fonts, no
-  CDN scripts); such requests are blocked and reported.
+  CDN scripts); such requests are blocked and reported;
+- at a 1280 x 800 viewport, a visible code block holds lines wider than its box (the reader would
+  have to scroll sideways to see the end of a comment or an argument), a table is wider than its
+  box (its last columns hidden), or a code name in a table cell is broken between two letters or
+  digits (a narrow column splitting it mid-word).
 
 Usage::
 
@@ -60,6 +64,87 @@ _NOT_FETCHED = ("mailto", "javascript", "data", "tel", "blob", "about")
 #: Milliseconds to wait for a page to load, and then for its network to settle.
 LOAD_TIMEOUT_MS = 30_000
 SETTLE_TIMEOUT_MS = 5_000
+#: The window the layout checks read the pages in: a common laptop screen.
+VIEWPORT = {"width": 1280, "height": 800}
+
+#: In the page: every visible code block whose content is wider than its box, as
+#: ``{lines, wide, cols, longest, first}``: its line count, how many lines do not fit, how many
+#: characters fit, the longest line's length and the first line that does not fit.  Blocks inside
+#: closed ``<details>`` or hidden tabs have no box and are not measured.
+_WIDE_CODE_JS = """() => {
+  const out = [];
+  for (const pre of document.querySelectorAll("pre")) {
+    const code = pre.querySelector("code") || pre;
+    const box = [pre, code].find(e => e.scrollWidth > e.clientWidth + 1);
+    const shown = pre.checkVisibility ? pre.checkVisibility() : pre.getClientRects().length > 0;
+    if (!box || !shown) continue;
+    const probe = document.createElement("span");
+    probe.textContent = "0".repeat(100);
+    code.appendChild(probe);
+    const charWidth = probe.getBoundingClientRect().width / 100;
+    probe.remove();
+    const style = getComputedStyle(box);
+    const inner = box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const cols = Math.floor(inner / charWidth + 0.01);
+    const lines = code.textContent.replace(/\\n$/, "").split("\\n");
+    const wide = lines.filter(l => l.length > cols);
+    out.push({lines: lines.length, wide: wide.length, cols: cols,
+              longest: Math.max(...lines.map(l => l.length)), first: wide.length ? wide[0] : lines[0]});
+  }
+  return out;
+}"""
+
+#: In the page: every visible table wider than its box (its right-hand columns hidden until the
+#: reader scrolls sideways), as ``{header, width, box}``: its first row's text and the two widths.
+_WIDE_TABLES_JS = """() => {
+  const out = [];
+  for (const table of document.querySelectorAll("table")) {
+    if (table.checkVisibility && !table.checkVisibility()) continue;
+    const boxes = [table, table.parentElement, table.parentElement && table.parentElement.parentElement];
+    const box = boxes.find(e => e && e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0
+                                && getComputedStyle(e).overflowX !== "visible");
+    if (!box) continue;
+    const first = table.querySelector("tr");
+    out.push({header: first ? first.innerText.replace(/\\s+/g, " ").trim() : "",
+              width: box.scrollWidth, box: box.clientWidth});
+  }
+  return out;
+}"""
+
+#: In the page: the text of every ``code`` element in a table cell that the browser broke between
+#: two letters or digits (a name split mid-word), with the two pieces around the break.  Breaks at
+#: a space, after punctuation (``-``, ``.``, ``_``, ``,``) or where a CamelCase word starts
+#: (``AxialRotary`` / ``Embedding``) are where a name may wrap.
+_SPLIT_NAMES_JS = """() => {
+  const out = [];
+  for (const code of document.querySelectorAll("td code, th code")) {
+    if (code.getClientRects().length < 2) continue;
+    const text = code.textContent, range = document.createRange();
+    const tops = [];
+    const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (let i = 0; i < node.length; i++) {
+        range.setStart(node, i); range.setEnd(node, i + 1);
+        const rect = range.getClientRects()[0];
+        tops.push(rect ? rect.top : null);
+      }
+    }
+    let last = null;
+    for (let i = 0; i < text.length; i++) {
+      if (tops[i] === null || /\\s/.test(text[i])) continue;
+      // a break between two letters or digits, with no space between them and not where a
+      // CamelCase word starts: a name split mid-word
+      if (last !== null && tops[i] > tops[last] + 2 && !/\\s/.test(text.slice(last, i + 1))
+          && /[A-Za-z0-9]/.test(text[last]) && /[A-Za-z0-9]/.test(text[i])
+          && !(/[a-z0-9]/.test(text[last]) && /[A-Z]/.test(text[i]))) {
+        out.push([text, text.slice(0, i), text.slice(i)]);
+        break;
+      }
+      last = i;
+    }
+  }
+  return out;
+}"""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -67,7 +152,8 @@ class Problem:
     """One thing wrong with one page: ``page`` is its site path (``api/nn/index.html``)."""
 
     page: str
-    kind: str        # "load", "link", "console", "page-error", "request", "external-request"
+    kind: str        # "load", "link", "console", "page-error", "request", "external-request",
+                     # "code-width", "split-name", "table-width"
     detail: str
 
     def __str__(self) -> str:
@@ -166,6 +252,37 @@ def link_problems(page: str, links: Iterable[Link], fetch: Fetch) -> list[Proble
 @functools.lru_cache(maxsize=256)
 def _ids_cached(text: str) -> frozenset[str]:
     return frozenset(anchor_ids(text))
+
+
+def code_width_problems(page: str, blocks: Iterable[dict]) -> list[Problem]:
+    """Problems for code blocks measured wider than their box (``_WIDE_CODE_JS``'s records)."""
+    problems = []
+    for block in blocks:
+        first = block["first"].strip()
+        first = first if len(first) <= 60 else first[:57] + "..."
+        if block["wide"]:
+            what = (f"{block['wide']} of {block['lines']} line{'s' * (block['lines'] != 1)} wider than the "
+                    f"{block['cols']} characters that fit (longest {block['longest']})")
+        else:   # wider than its box, yet no line is: the box itself is too narrow (a table, a layout bug)
+            what = f"content wider than its box ({block['cols']} characters fit)"
+        problems.append(Problem(page, "code-width", f"{what}: {first!r}"))
+    return problems
+
+
+def table_width_problems(page: str, tables: Iterable[dict]) -> list[Problem]:
+    """Problems for tables wider than their box (``_WIDE_TABLES_JS``'s records)."""
+    problems = []
+    for table in tables:
+        header = table["header"] if len(table["header"]) <= 60 else table["header"][:57] + "..."
+        problems.append(Problem(page, "table-width", f"{table['width']} px wide in a {table['box']} px box, "
+                                                     f"its last columns hidden: {header!r}"))
+    return problems
+
+
+def split_name_problems(page: str, names: Iterable[list[str]]) -> list[Problem]:
+    """Problems for code names broken mid-word in table cells (``_SPLIT_NAMES_JS``'s records)."""
+    return [Problem(page, "split-name", f"{text!r} broken as {head!r} / {tail!r} in a table cell")
+            for text, head, tail in names]
 
 
 def is_local(url: str, origin: str) -> bool:
@@ -304,6 +421,9 @@ class _PageCheck:
                     page.wait_for_load_state("networkidle", timeout=SETTLE_TIMEOUT_MS)
                 hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
                 self.problems += link_problems(self.page_path, internal_links(hrefs, self.url), fetch)
+                self.problems += code_width_problems(self.page_path, page.evaluate(_WIDE_CODE_JS))
+                self.problems += split_name_problems(self.page_path, page.evaluate(_SPLIT_NAMES_JS))
+                self.problems += table_width_problems(self.page_path, page.evaluate(_WIDE_TABLES_JS))
         page.close()
         return self.problems
 
@@ -316,7 +436,7 @@ def check_site(site: pathlib.Path, *, chromium: str = DEFAULT_CHROMIUM,
     todo = list(html_pages(site) if pages is None else pages)
     problems: list[Problem] = []
     with serve(site) as origin, _browser(chromium) as browser:
-        context = browser.new_context(service_workers="block")
+        context = browser.new_context(service_workers="block", viewport=VIEWPORT)
         for start in range(0, len(todo), parallel):
             checks = [_PageCheck(context, origin, path) for path in todo[start : start + parallel]]
             for check in checks:

@@ -223,7 +223,7 @@ def test_plot_full_disk(capsys, monkeypatch, tmp_path):
 
 def test_plot_without_matplotlib_exits_1(capsys, monkeypatch, tmp_path):
     def missing():
-        raise ImportError('plots need matplotlib: pip install "posenc[plot]"')
+        raise ImportError("plots need matplotlib: pip install matplotlib")
 
     monkeypatch.setattr(posenc.lab.plots, "require_matplotlib", missing)
     code, _, err = run(capsys, ["plot", "--out", str(tmp_path / "run")])

@@ -163,6 +163,69 @@ def test_gallery_shows_every_plot_figure():
     assert (DOCS / "compare_quick.png").is_file()
 
 
+def test_cli_page_describes_what_posenc_plot_writes():
+    """docs/cli.md names every figure, says how many, and what --max-len sets (the similarity figure
+    reaches 4 x --max-len)."""
+    drawn = set(re.findall(r'"(\w+\.png)"', (ROOT / "posenc" / "lab" / "plots.py").read_text(encoding="utf-8")))
+    page = (DOCS / "cli.md").read_text(encoding="utf-8")
+    section = page[page.index("## `posenc plot`"):]
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    assert f"Writes {words[len(drawn)]} PNG figures" in section
+    assert drawn == set(re.findall(r"^\| `(\w+\.png)` \|", section, re.M))
+    assert drawn == set(re.findall(r"^figures/(\w+\.png)$", section, re.M))
+    assert "4 × max-len" in section and "largest distance shown" not in section
+    from posenc.cli import build_parser
+
+    plot_help = build_parser()._subparsers._group_actions[0].choices["plot"].format_help()
+    assert f"{words[len(drawn)]} PNG figures" in " ".join(plot_help.split()) and "4 x --max-len" in plot_help
+
+
+# ------------------------------------------------------------------------------------------------
+# Install advice that works: posenc is not on PyPI, so `pip install "posenc[...]"` fails today.
+
+_PYPI_EXTRA = re.compile(r"""pip install ["']?posenc\[""")
+
+
+def _advice_files() -> list[pathlib.Path]:
+    return ([ROOT / "README.md"] + sorted(DOCS.rglob("*.md")) + sorted((ROOT / "posenc").rglob("*.py")))
+
+
+def test_pip_advice_does_not_rely_on_pypi():
+    """Every ``pip install "posenc[...]"`` is said to be for once posenc is on PyPI; the advice that
+    works today installs from a clone (``pip install ".[plot]"``) or the dependency itself."""
+    bad = []
+    for path in _advice_files():
+        text = " ".join(path.read_text(encoding="utf-8").split())        # joins wrapped lines
+        for match in _PYPI_EXTRA.finditer(text):
+            context = text[max(0, match.start() - 80) : match.end() + 40]
+            if "on PyPI" not in context:
+                bad.append(f"{path.relative_to(ROOT)}: ...{context}...")
+    assert not bad, "pip advice that fails while posenc is not on PyPI:\n" + "\n".join(bad)
+
+
+_TORCH_RECIPE = ("On a normal Linux machine, `pip install torch==2.13.0` from PyPI fetches a CUDA build (several "
+                 "GB); for a CPU-only install, run `pip install torch==2.13.0 --index-url "
+                 "https://download.pytorch.org/whl/cpu` first (any `torch>=2.4` works).")
+
+
+def test_readme_and_getting_started_give_the_same_torch_recipe():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for text in (readme, (DOCS / "getting-started.md").read_text(encoding="utf-8")):
+        assert _TORCH_RECIPE in " ".join(text.split())
+    # the quick start's two commands install torch from PyPI, as the recipe says
+    quick = readme[readme.index("## Quick start"):].split("```")[1].splitlines()[1:]
+    assert [line.split(" && ")[0] for line in quick] == ["pip install torch==2.13.0"] * 2
+
+
+def test_cli_help_gives_install_advice_that_works_today():
+    from posenc.cli import _torch_missing, build_parser
+
+    epilog = " ".join(build_parser().format_help().split())
+    assert 'pip install ".[torch,plot]"' in epilog and "pip install torch" in epilog
+    assert "posenc[" not in epilog.replace('once posenc is on PyPI: pip install "posenc[torch,plot]"', "")
+    assert _torch_missing("compare") is None or "posenc[" not in _torch_missing("compare")
+
+
 # ------------------------------------------------------------------------------------------------
 # The griffe extension that turns reST roles into cross-references.
 
@@ -284,6 +347,53 @@ def test_main_without_a_browser(tmp_path, capsys):
     assert "mkdocs build" in capsys.readouterr().err
 
 
+def test_code_width_and_split_name_problems():
+    blocks = [{"lines": 3, "wide": 2, "cols": 80, "longest": 97, "first": "  x = f(a, b)  # " + "c" * 60},
+              {"lines": 1, "wide": 0, "cols": 40, "longest": 30, "first": "short"}]
+    problems = check_site.code_width_problems("p.html", blocks)
+    assert [(p.page, p.kind) for p in problems] == [("p.html", "code-width")] * 2
+    assert problems[0].detail.startswith("2 of 3 lines wider than the 80 characters that fit (longest 97): ")
+    assert problems[0].detail.endswith("...'") and len(problems[0].detail) < 160
+    assert "content wider than its box" in problems[1].detail
+    split = check_site.split_name_problems("t.html", [["rope_cos_sin", "rope_co", "s_sin"]])
+    assert [str(p) for p in split] == ["t.html: split-name: 'rope_cos_sin' broken as 'rope_co' / 's_sin' in a table cell"]
+
+
+def test_table_code_hook_adds_breaks_at_punctuation_and_camel_case_only():
+    hook = _load_script("posenc_table_code", DOCS / "hooks" / "table_code.py")
+    html = ('<p><code>keep.as.is</code></p><table><tr><th><code>a.b</code></th>'
+            '<td>text. <code>posenc.core.AxialRotaryEmbedding(dim, x=&quot;y&quot;)</code> '
+            '<code>INTERLEAVED_MODEL_TYPES</code> <a href="x.y">u.v</a></td></tr></table>')
+    assert hook.wrap_table_code(html) == (
+        '<p><code>keep.as.is</code></p><table><tr><th><code>a.<wbr>b</code></th>'
+        '<td>text. <code>posenc.<wbr>core.<wbr>Axial<wbr>Rotary<wbr>Embedding(<wbr>dim, x=<wbr>&quot;y&quot;)</code> '
+        '<code>INTERLEAVED_<wbr>MODEL_<wbr>TYPES</code> <a href="x.y">u.v</a></td></tr></table>')
+
+
+_DOCS_CODE_WIDTH = 80          # characters a code block on the site shows at 1280 px
+
+
+def _code_lines(page: pathlib.Path):
+    fence, indent = None, 0
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        match = re.match(r"^(\s*)(`{3,}|~{3,})", line)
+        if fence is None and match:
+            fence, indent = match[2], len(match[1])
+        elif fence is not None and line.strip().startswith(fence) and not line.strip().strip("`~"):
+            fence = None
+        elif fence is not None:
+            yield number, line[indent:]
+
+
+def test_docs_code_lines_fit_the_code_blocks():
+    """Every line in a code block of docs/*.md fits the site's code block (scripts/check_site.py
+    measures the same in Chromium): wrap long comments onto their own lines, split long calls."""
+    wide = [f"{page.relative_to(ROOT)}:{number}: {len(text)} characters"
+            for page in sorted(DOCS.rglob("*.md")) if "hooks" not in page.parts
+            for number, text in _code_lines(page) if len(text) > _DOCS_CODE_WIDTH]
+    assert not wide, "\n".join(wide)
+
+
 # ------------------------------------------------------------------------------------------------
 # scripts/check_site.py in Chromium, on a tiny site with known problems.
 
@@ -305,12 +415,23 @@ def test_browser_check_reports_exactly_the_planted_problems(tmp_path):
         '<a href="index.html#top">fine</a></body></html>')
     (tmp_path / "noisy.html").write_text(
         _HEAD + "<body><p>ok</p><script>console.error('planted console error')</script></body></html>")
+    narrow = "<style>pre { width: 400px; overflow: auto } td { width: 60px } td code { word-break: break-all }</style>"
+    fits, wide = "x = 1  # fits", "y = f(" + ", ".join(["argument"] * 12) + ")  # cut off"
+    (tmp_path / "layout.html").write_text(
+        _HEAD + f"<body>{narrow}<pre><code>{fits}\n{wide}</code></pre>"                    # one wide block
+        f"<pre><code>{fits}</code></pre>"                                                  # fits
+        f"<pre style='white-space: pre-wrap'><code>{wide}</code></pre>"                    # wraps: visible
+        f"<details><pre><code>{wide}</code></pre></details>"                               # closed: no box
+        "<table style='table-layout: fixed; width: 200px'><tr><td><code>sinusoidalencodingtable</code></td>"
+        "<td><code>a b c d e f g h</code></td></tr></table></body></html>")                # split / wraps at spaces
 
     problems = check_site.check_site(tmp_path)
 
     assert sorted((p.page, p.kind) for p in problems) == [
-        ("broken.html", "link"), ("broken.html", "link"), ("noisy.html", "console")], problems
+        ("broken.html", "link"), ("broken.html", "link"), ("layout.html", "code-width"),
+        ("layout.html", "split-name"), ("noisy.html", "console")], problems
     details = " | ".join(p.detail for p in problems)
     assert "missing.html -> HTTP 404" in details
     assert "no element with id 'nowhere'" in details
     assert "planted console error" in details
+    assert "1 of 2 lines wider than the" in details and "'sinusoidalencodingtable' broken as" in details

@@ -98,6 +98,34 @@ def test_rotary_embedding_torch_rotate_queries_or_keys(head_dim, rot, theta, int
     _differs(_ret_posenc(rot, theta, interpolate, rescale).rotate(x, offset=offset, seq_dim=seq_dim), expected)
 
 
+@pytest.mark.parametrize("theta", [10000.0, 500.0, 500000.0])
+@pytest.mark.parametrize("head_dim, rot, seq_first", [(64, 64, False), (64, 32, True), (48, 16, False)])
+def test_rotary_embedding_torch_apply_rotary_emb_row(theta, head_dim, rot, seq_first):
+    """The guide's ``apply_rotary_emb(freqs, t)`` row, taken literally: ``cos, sin`` from
+    ``rope_inv_freq(dim, base=theta)``; without ``base=`` any theta but 10000 is wrong."""
+    ret = pytest.importorskip("rotary_embedding_torch")
+    S, start = 24, 1000
+    positions = torch.arange(start, start + S)
+    shape = (2, S, 3, head_dim) if seq_first else (2, 3, S, head_dim)
+    t = _qkv(shape)
+    freqs = ret.RotaryEmbedding(rot, theta=theta)(positions.float())              # (S, rot)
+    if seq_first:
+        expected = ret.apply_rotary_emb(freqs[:, None], t, seq_dim=1)
+    else:
+        expected = ret.apply_rotary_emb(freqs, t)
+
+    def guide_row(base=None):
+        kw = {} if base is None else {"base": base}
+        cos, sin = posenc.rope_cos_sin(positions, posenc.rope_inv_freq(rot, **kw)[0])   # (S, rot/2)
+        if seq_first:
+            cos, sin = cos[:, None], sin[:, None]                                         # (S, 1, rot/2)
+        return posenc.apply_rope(t, cos, sin, layout="interleaved")
+
+    _close(guide_row(base=theta), expected, peer_atol(start + S, t.abs().max().item()))
+    if theta != 10000.0:
+        _differs(guide_row(), expected)                                   # the row without base=
+
+
 def test_rotary_embedding_torch_cached_keys_is_an_offset_for_the_queries():
     ret = pytest.importorskip("rotary_embedding_torch")
     q, k = _qkv((1, 4, 3, 64), seed=1), _qkv((1, 4, 50, 64), seed=2)       # 3 new queries after 47 cached keys
@@ -470,24 +498,37 @@ def test_positional_encodings_1d_odd_channels_use_the_next_even_width():
     _differs(posenc.sinusoidal_table(50, 7), expected, by=1e-3)      # posenc's own odd width uses d = 7
 
 
-def _per_axis_table(grid, channels):
-    """positional-encodings' N-D table from posenc's 1-D ones: one interleaved block of ``c`` columns per axis."""
+def _per_axis_table(x, channels):
+    """The guide's ``per_axis_table``: positional-encodings' ``PositionalEncoding2D/3D(channels)(x)[0]``
+    for ``x`` of shape ``(B, *grid, ch)``, from posenc's 1-D tables: one interleaved block of ``c``
+    columns per axis, ``c`` from the constructor's ``channels``, cut to the input's ``ch``."""
+    *grid, ch = x.shape[1:]
     n = len(grid)
-    c = int(math.ceil(channels / (2 * n)) * 2)
+    c = 2 * math.ceil(channels / (2 * n))
     blocks = []
     for axis, size in enumerate(grid):
         shape = [1] * n + [c]
         shape[axis] = size
         blocks.append(posenc.sinusoidal_table(size, c).view(shape).expand(*grid, c))
-    return torch.cat(blocks, dim=-1)[..., :channels]
+    return torch.cat(blocks, dim=-1)[..., :ch]
 
 
-@pytest.mark.parametrize("grid, channels", [((6, 9), 32), ((5, 7), 30), ((3, 4, 5), 48), ((2, 3, 4), 20)])
-def test_positional_encodings_2d_3d_are_per_axis_1d_tables(grid, channels):
+# (grid, constructor channels, the input's last dimension): the peer cuts its table to the input's,
+# which may differ from the constructor's (up to n * c columns)
+ND_CASES = [((6, 9), 32, 32), ((5, 7), 30, 30), ((3, 4, 5), 48, 48), ((2, 3, 4), 20, 20),
+            ((6, 9), 32, 20), ((5, 7), 30, 32), ((3, 4, 5), 48, 40), ((2, 3, 4), 20, 24), ((4, 5), 10, 7)]
+
+
+@pytest.mark.parametrize("grid, channels, width", ND_CASES)
+def test_positional_encodings_2d_3d_are_per_axis_1d_tables(grid, channels, width):
     pe = pytest.importorskip("positional_encodings.torch_encodings")
     cls = {2: pe.PositionalEncoding2D, 3: pe.PositionalEncoding3D}[len(grid)]
-    expected = cls(channels)(torch.zeros(1, *grid, channels))[0]
-    _close(_per_axis_table(grid, channels), expected, peer_atol(max(grid), 1.0))
+    x = torch.zeros(1, *grid, width)
+    expected = cls(channels)(x)[0]
+    table = _per_axis_table(x, channels)
+    assert table.shape == expected.shape
+    _close(table, expected, peer_atol(max(grid), 1.0))
+    _close(x + table, pe.Summer(cls(channels))(x), peer_atol(max(grid), 1.0))
 
 
 def test_positional_encodings_2d_is_sincos_table_nd_with_columns_reordered():
@@ -502,3 +543,32 @@ def test_positional_encodings_2d_is_sincos_table_nd_with_columns_reordered():
     table = posenc.sincos_table_nd((X, Y), D).view(X, Y, D)[..., columns]
     _close(table, expected, peer_atol(max(X, Y), 1.0))
     _differs(posenc.sincos_table_nd((X, Y), D).view(X, Y, D), expected)
+
+
+def test_the_test_extra_installs_the_peers():
+    """The README's test command installs the ``test`` extra: the peers these tests compare against
+    are in it, so that the tests run instead of skipping (torchtune is installed with --no-deps)."""
+    tomllib = pytest.importorskip("tomllib")
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    with open(root / "pyproject.toml", "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["test"]
+    names = {req.split(">")[0].split("=")[0].split("[")[0].strip().lower() for req in extra}
+    assert {"rotary-embedding-torch", "x-transformers", "positional-encodings", "transformers"} <= names
+
+
+@pytest.mark.parametrize("page, peer", [("rotary-embedding-torch", "rotary_embedding_torch"),
+                                        ("x-transformers", "x_transformers"),
+                                        ("positional-encodings", "positional_encodings"),
+                                        ("transformers", "transformers")])
+def test_the_guides_python_blocks_run(page, peer):
+    """Each guide's ``python`` blocks, run in order as one script: their assertions compare posenc
+    with the peer as a reader would copy them."""
+    pytest.importorskip(peer)
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "migrating" / f"{page}.md").read_text("utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert blocks
+    namespace: dict = {}
+    exec(compile("\n".join(blocks), f"docs/migrating/{page}.md", "exec"), namespace)

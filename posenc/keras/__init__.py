@@ -1,8 +1,9 @@
 """posenc for Keras 3: the same encodings, argument names and numbers on any Keras backend.
 
-Install with ``pip install "posenc[keras]"`` and pick the backend with ``KERAS_BACKEND``
-(``jax``, ``tensorflow`` or ``torch``).  Importing this package never imports torch itself; the
-tables come from the framework-free :mod:`posenc.core` (NumPy float64), as on the torch side.
+Install with ``pip install ".[keras]"`` in a clone of posenc (``pip install "posenc[keras]"`` once
+posenc is on PyPI) and pick the backend with ``KERAS_BACKEND`` (``jax``, ``tensorflow`` or
+``torch``).  Importing this package never imports torch itself; the tables come from the
+framework-free :mod:`posenc.core` (NumPy float64), as on the torch side.
 """
 
 from posenc.core.rope import (

@@ -28,6 +28,6 @@ def __getattr__(name: str) -> Any:
     except ModuleNotFoundError as err:
         if err.name != "torch":
             raise
-        raise ImportError('posenc.lab.TinyTransformer needs PyTorch: pip install "posenc[torch]"') from err
+        raise ImportError("posenc.lab.TinyTransformer needs PyTorch: pip install torch") from err
     globals()[name] = value
     return value

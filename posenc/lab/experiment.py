@@ -75,7 +75,7 @@ class CompareConfig:
 
     @classmethod
     def quick(cls, **overrides) -> CompareConfig:
-        """A smaller model and budget (width 64, depth 2, 400 steps): about 45 s on 2 idle CPU cores."""
+        """A smaller model and budget (width 64, depth 2, 400 steps): about a minute on 2 CPU cores."""
         base: dict[str, Any] = dict(steps=400, dim=64, depth=2, num_heads=4, batch_size=24, eval_windows=16,
                                     corpus_bytes=3_000_000)
         base.update(overrides)

@@ -1,6 +1,7 @@
 """PNG figures that explain the encodings (``posenc plot``) and the experiment (``posenc compare``).
 
-matplotlib is an optional extra (``pip install "posenc[plot]"``).
+matplotlib is an optional extra (``pip install ".[plot]"`` in a clone of posenc, or
+``pip install matplotlib``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def require_matplotlib():
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise ImportError(
-            'plots need matplotlib: pip install "posenc[plot]" (or pip install matplotlib)'
+            'plots need matplotlib: pip install matplotlib (in a clone of posenc: pip install ".[plot]")'
         ) from err
     return plt
 
