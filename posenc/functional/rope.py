@@ -433,10 +433,10 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
     cu_seqlens, offset = check_varlen_call(q, k, table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
     check_table_options(q, cos, sin, layout, backend)
     check_flags(inplace, assume)
-    if assume:
-        pass
-    elif torch.compiler.is_compiling():                                 # a traceable assertion, no reads
+    if torch.compiler.is_compiling():                                   # a traceable assertion, no reads
         guard_in_table("positions", varlen_positions(cu_seqlens, q.shape[0], offset), cos.shape[0])
+    elif assume:
+        pass
     else:
         lo, hi = varlen_range(cu_seqlens, q.shape[0], offset)
         if q.shape[0] and (lo < 0 or hi >= cos.shape[0]):

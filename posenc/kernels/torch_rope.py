@@ -285,6 +285,10 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     """
     if cu_seqlens is not None:
         pos = varlen_positions(cu_seqlens, q.shape[0], offset)[None]      # (1, T)
+        if torch.compiler.is_compiling():
+            # (the caller asserted the range; a gather failing inside a compiled CPU loop would abort)
+            rows = (packed if packed is not None else cos).shape[0]      # type: ignore[union-attr]
+            pos = pos.clamp(0, rows - 1)
         qo, ko = rope_qk(q[None], None if k is None else k[None], cos=cos, sin=sin, positions=pos, offset=0,
                          layout=layout, seq_dim=1, inplace=inplace, packed=packed)   # (1, T, H, D)
         if inplace:
