@@ -46,7 +46,7 @@ from posenc._torch.checks import (
     check_seq_len,
     inplace_pair_overlaps,
 )
-from posenc._torch.rows import guard_in_table, out_of_table, position_range
+from posenc._torch.rows import clamp_in_table, out_of_table, position_range
 from posenc.core.rope import ROPE_LAYOUTS
 
 _FIX = "build a longer table or use posenc.nn.RotaryEmbedding, which computes them"
@@ -68,6 +68,15 @@ def promise(where: str, old_value: object, new_value: object) -> bool:
     _validate.check_bool("assume_in_table", old_value)               # a bad value is an error, not a warning
     return renamed(where, "assume_in_table", "assume_valid", old_value, new_value, False,
                    tracing=torch.compiler.is_compiling())
+
+
+def check_head_dim(q: torch.Tensor, rotary_dim: int) -> None:
+    """What ``posenc.attention`` cannot check for an encoding: ``q`` holds at least its rotary dim."""
+    if q.shape[-1] < rotary_dim:
+        raise ValueError(
+            f"q has head dim {q.shape[-1]} < rotary dim {rotary_dim}; build the rotary embedding for a rotary dim "
+            f"<= the head dim"
+        )
 
 
 def check_call(q: object, k: object, seq_dim: object, rotary_dim: int, positions: torch.Tensor | None, offset: object,
@@ -128,8 +137,7 @@ def table_positions_ok(positions: torch.Tensor | None, offset: int, length: int,
                 f"{name} {offset}..{offset + length - 1} are outside the cos/sin table of {rows} rows; {_FIX}"
             )
     elif torch.compiler.is_compiling():
-        guard_in_table(name, positions, rows)
-        return positions.clamp(0, rows - 1)
+        return clamp_in_table(name, positions, rows)
     elif assume or not positions.numel():
         return positions
     else:

@@ -51,6 +51,16 @@ def guard_in_table(name: str, positions: torch.Tensor, rows: int) -> None:
     torch._assert_async(ok, f"{name} must lie in [0, {rows}) for this cos/sin table")
 
 
+def clamp_in_table(name: str, positions: torch.Tensor, rows: int) -> torch.Tensor:
+    """While compiling: assert (:func:`guard_in_table`) that ``positions`` lie in ``[0, rows)`` and
+    return them clamped into the table, so the gather that follows never fails: inductor's own
+    bounds check of a gather runs inside a parallel CPU loop, where a failure aborts the process,
+    while the assertion raises an error.  ``rows`` is a fixed table's length (clamping against a
+    symbolic length would guard on the shapes)."""
+    guard_in_table(name, positions, rows)
+    return positions.clamp(0, rows - 1)
+
+
 def table_rows(table: torch.Tensor, positions: torch.Tensor | None, offset: int, length: int) -> torch.Tensor:
     """Rows of a ``(P, h)`` table for ``positions`` (``(S,)``/``(B, S)``) or ``offset + arange(S)``.
 

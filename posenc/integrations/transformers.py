@@ -41,7 +41,8 @@ from typing import cast
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
+from posenc._torch.rope_call import promise
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import hf_config as core_hf_config
@@ -111,8 +112,7 @@ def patch_model(model: torch.nn.Module, *, assume_valid: bool = False, assume_in
             with ``alibi_bias_max`` other than 8, multimodal RoPE with a length-dependent scaling rule).
     """
     if assume_in_table is not UNSET:
-        _validate.check_bool("assume_in_table", assume_in_table)
-        assume_valid = renamed("patch_model", "assume_in_table", "assume_valid", assume_in_table, assume_valid, False)
+        assume_valid = promise("patch_model", assume_in_table, assume_valid)
     model_type = _model_type(model)
     _validate.check_bool("assume_valid", assume_valid)
     if getattr(model, _PATCH_ATTR, None):
@@ -155,8 +155,7 @@ def patched(model: torch.nn.Module, *, assume_valid: bool = False,
     model that was patched already stays patched).  ``assume_valid`` as for :func:`patch_model`
     (``assume_in_table`` is its deprecated old name)."""
     if assume_in_table is not UNSET:
-        _validate.check_bool("assume_in_table", assume_in_table)
-        assume_valid = renamed("patched", "assume_in_table", "assume_valid", assume_in_table, assume_valid, False)
+        assume_valid = promise("patched", assume_in_table, assume_valid)
     already = bool(getattr(model, _PATCH_ATTR, None))
     patch_model(model, assume_valid=assume_valid)
     try:

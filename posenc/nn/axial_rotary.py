@@ -20,8 +20,8 @@ from posenc._torch.checks import (
     from_table,
     inplace_pair_overlaps,
 )
-from posenc._torch.rope_call import check_flags, choose_engine, promise
-from posenc._torch.rows import check_given_rows, guard_in_table
+from posenc._torch.rope_call import check_flags, check_head_dim, choose_engine, promise
+from posenc._torch.rows import check_given_rows, clamp_in_table
 from posenc._torch.tables import TableModule
 from posenc.core import axial as core_axial
 from posenc.core import exact as core_exact
@@ -260,9 +260,7 @@ class AxialRotaryEmbedding(TableModule):
         h = self.dim // 2
         axis, pair = cast(torch.Tensor, self._buffers["pair_index"])
         if torch.compiler.is_compiling():
-            # a gather that fails inside a compiled CPU loop aborts the process: assert, then clamp
-            guard_in_table("positions", positions, table.shape[0])
-            positions = positions.clamp(0, table.shape[0] - 1)
+            positions = clamp_in_table("positions", positions, table.shape[0])
         index = positions.index_select(-1, axis) * h + pair                          # (..., h)
         try:
             out = torch.embedding(table.view(-1, 2), index)                          # (..., h, 2)
@@ -446,9 +444,7 @@ class AxialRotaryEmbedding(TableModule):
     def attention_qk(self, q, k, *, positions, key_positions, seq_len, offsets, assume_valid):
         """Rotate queries at ``positions (.., S, n_axes)`` and keys at ``key_positions`` (checked by
         ``posenc.attention``: this enters the pipeline after its validation step)."""
-        if q.shape[-1] < self.dim:                         # the one thing attention cannot know: our dim
-            raise ValueError(f"q has head dim {q.shape[-1]} < rotary dim {self.dim}; build the embedding for a "
-                             f"rotary dim <= the head dim")
+        check_head_dim(q, self.dim)                        # the one thing attention cannot know: our dim
         if self.learned:
             self._check_learned_heads(q, k, 2)
         if k is not None and key_positions is positions and q.shape[2] == k.shape[2]:

@@ -18,8 +18,8 @@ from posenc._torch.checks import (
     check_same_device,
     from_table,
 )
-from posenc._torch.rope_call import check_flags, choose_engine, feed, promise
-from posenc._torch.rows import check_given_rows, guard_in_table
+from posenc._torch.rope_call import check_flags, check_head_dim, choose_engine, feed, promise
+from posenc._torch.rows import check_given_rows, clamp_in_table
 from posenc._torch.tables import TableModule
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
@@ -223,9 +223,7 @@ class MultimodalRotaryEmbedding(TableModule):
         if table:
             h = self.dim // 2
             if torch.compiler.is_compiling():
-                # a gather that fails inside a compiled CPU loop aborts the process: assert, then clamp
-                guard_in_table("positions", positions, self.max_seq_len)
-                positions = positions.clamp(0, self.max_seq_len - 1)
+                positions = clamp_in_table("positions", positions, self.max_seq_len)
             per_slot = positions.index_select(-1, self.slot_axis)                    # (..., h): p_a(j)
             flat = per_slot.long() * h + torch.arange(h, device=positions.device)      # row-major table index
             try:
@@ -350,9 +348,7 @@ class MultimodalRotaryEmbedding(TableModule):
         """Rotate queries at ``positions (..., S, 3)`` and keys at ``key_positions`` (axes t, h, w last,
         as :func:`posenc.mrope_positions` returns them), checked by ``posenc.attention``: this enters the
         pipeline after its validation step."""
-        if q.shape[-1] < self.dim:                         # the one thing attention cannot know: our dim
-            raise ValueError(f"q has head dim {q.shape[-1]} < rotary dim {self.dim}; build the embedding for a "
-                             f"rotary dim <= the head dim")
+        check_head_dim(q, self.dim)                        # the one thing attention cannot know: our dim
         if q.device != self.cos_table.device:
             check_same_device("q", q, "the tables", self.cos_table.device)
         cos, sin = self._rows_at(positions, q.dtype, assume_valid)

@@ -17,8 +17,8 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
 )
-from posenc._torch.rope_call import check_call, check_flags, choose_engine, decode_step, feed, promise
-from posenc._torch.rows import guard_in_table, position_range, provably_in_table, table_rows
+from posenc._torch.rope_call import check_call, check_flags, check_head_dim, choose_engine, decode_step, feed, promise
+from posenc._torch.rows import clamp_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
 from posenc.core import exact as core_exact
@@ -428,9 +428,7 @@ class RotaryEmbedding(TableModule):
             self._in_table(rng) if rng is not None else known_in_table or assume and positions is not None)
         if from_table:
             if rng is None and tracing and positions is not None:
-                # assert, then clamp: a gather that fails inside a compiled CPU loop aborts the process
-                guard_in_table("positions", positions, self.max_seq_len)
-                positions = positions.clamp(0, self.max_seq_len - 1)
+                positions = clamp_in_table("positions", positions, self.max_seq_len)
             return None, positions, rng, None
         if rng is None and positions is not None:
             rng = self._range(positions, False)              # computed exactly: the promise does not cover it
@@ -473,11 +471,7 @@ class RotaryEmbedding(TableModule):
         validation step.  Length-dependent rules use ``seq_len``, by default the largest key
         position + 1.
         """
-        if q.shape[-1] < self.dim:                         # the one thing attention cannot know: our dim
-            raise ValueError(
-                f"q has head dim {q.shape[-1]} < rotary dim {self.dim}; build the rotary embedding for a rotary dim "
-                f"<= the head dim"
-            )
+        check_head_dim(q, self.dim)                        # the one thing attention cannot know: our dim
         q_offset, k_offset = offsets
         if seq_len is None and self._length_dependent:
             if k_offset is not None:
