@@ -1,4 +1,4 @@
-"""The decode step's short path (``decode_step`` + ``decode_qk``): the same values as the general
+"""The decode step's short path (``kernels.torch_decode.decode_qk``): the same values as the general
 path, within the exactness bound of a float64 oracle, and taken only where it applies."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import posenc
-from posenc._torch import rope_call
 from posenc.functional import apply_rope_qk
+from posenc.kernels import factor_cache
+from posenc.kernels.torch_decode import decode_factors, decode_qk
 from tests.reference import rope_oracle
 
 D = 16
@@ -29,7 +30,8 @@ def test_the_short_path_equals_the_general_path_and_the_oracle(dtype, layout, se
     else:
         q, k = _qk((1, 4, length, D), (1, 2, length, D), dtype)
     offset = 40
-    assert rope_call.decode_step(q, k, seq_dim, D, offset, rope.packed_table, "auto")   # the short path applies
+    factors = decode_factors(rope.packed_table, layout)
+    assert decode_qk(q, k, seq_dim, offset, D, 64, "auto", factors) is not None         # the short path applies
     positions = torch.arange(offset, offset + length)
     general = rope(q, k, positions=positions, seq_dim=seq_dim)                         # the general path
     for short in (rope(q, k, offset=offset, seq_dim=seq_dim),
@@ -64,7 +66,7 @@ def test_the_short_path_declines_what_it_does_not_serve(case):
         backend = "triton"
     elif case == "meta-table":
         table = table.to("meta")
-    assert rope_call.decode_step(q, k, -2, dim, offset, table, backend) == 0
+    assert decode_qk(q, k, -2, offset, dim, table.shape[0], backend, decode_factors(table, "half")) is None
 
 
 @pytest.mark.parametrize("kw, name", [({"seq_len": "long"}, "seq_len"), ({"assume_valid": "yes"}, "assume_valid"),
@@ -78,3 +80,96 @@ def test_a_bad_argument_of_a_decode_step_is_still_refused(kw, name):
     if name != "seq_len":                                  # (apply_rope_qk has no seq_len)
         with pytest.raises((TypeError, ValueError), match=name):
             apply_rope_qk(q, k, rope.cos_table, rope.sin_table, **kw)
+
+
+# --- the factors of apply_rope_qk's (cos, sin) tables, built once per table pair -------------------------------
+
+
+def _tables(rows=64, dim=D):
+    inv, _ = posenc.functional.rope_inv_freq(dim)
+    return posenc.functional.rope_cos_sin(torch.arange(rows), inv)
+
+
+def _step_and_general(q, k, cos, sin, offset, layout):
+    """A decode step and the general path (positions=) over the same tables."""
+    step = apply_rope_qk(q, k, cos, sin, offset=offset, layout=layout)
+    general = apply_rope_qk(q, k, cos, sin, positions=torch.arange(offset, offset + q.shape[2]), layout=layout)
+    return step, general
+
+
+def _assert_equal(a, b):
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+@pytest.fixture
+def fresh_cache():
+    factor_cache.clear()
+    yield factor_cache._entries
+    factor_cache.clear()
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_a_table_written_in_place_is_not_served_stale_factors(fresh_cache, layout):
+    cos, sin = _tables()
+    q, k = torch.randn(1, 4, 1, D), torch.randn(1, 2, 1, D)
+    _assert_equal(*_step_and_general(q, k, cos, sin, 9, layout))
+    assert len(fresh_cache) == 1
+    with torch.no_grad():
+        cos.mul_(0.5)                                      # the same tensors, new values
+        sin[9].fill_(0.25)                                 # (a write through a view bumps the version too)
+    step, general = _step_and_general(q, k, cos, sin, 9, layout)
+    _assert_equal(step, general)
+    unchanged = apply_rope_qk(q, k, *_tables(), offset=9, layout=layout)
+    assert not torch.equal(step[0], unchanged[0])
+
+
+def test_new_views_of_the_same_tables_share_one_entry(fresh_cache):
+    rope = posenc.RotaryEmbedding(D, max_seq_len=64)
+    q, k = torch.randn(1, 4, 1, D), torch.randn(1, 2, 1, D)
+    for offset in (3, 4, 5):                               # cos_table / sin_table: new views at every access
+        _assert_equal(apply_rope_qk(q, k, rope.cos_table, rope.sin_table, offset=offset),
+                      rope(q, k, positions=torch.tensor([offset])))
+    assert len(fresh_cache) == 1
+
+
+def test_the_cache_keeps_a_few_table_pairs(fresh_cache):
+    q, k = torch.randn(1, 4, 1, D), torch.randn(1, 2, 1, D)
+    for _ in range(factor_cache.SIZE + 3):
+        apply_rope_qk(q, k, *_tables(), offset=1)
+    assert len(fresh_cache) == factor_cache.SIZE
+
+
+@pytest.mark.parametrize("case", ["grad", "inference", "large"])
+def test_tables_it_must_not_copy_are_served_per_step(fresh_cache, case):
+    rows = factor_cache.MAX_ELEMENTS // (D // 2) + 1 if case == "large" else 64
+    if case == "inference":
+        with torch.inference_mode():
+            cos, sin = _tables(rows)
+    else:
+        cos, sin = _tables(rows)
+    if case == "grad":
+        cos.requires_grad_(True)
+    q, k = torch.randn(1, 4, 1, D), torch.randn(1, 2, 1, D)
+    step, general = _step_and_general(q, k, cos, sin, rows - 1, "half")
+    _assert_equal(step, general)
+    assert fresh_cache == []
+    if case == "grad":                                     # the gradient reaches the table
+        step[0].sum().backward()
+        assert cos.grad is not None and cos.grad[rows - 1].abs().sum() > 0 and cos.grad[: rows - 1].abs().sum() == 0
+
+
+def test_a_module_copy_decodes_with_its_own_table():
+    import copy
+
+    rope = posenc.RotaryEmbedding(D, max_seq_len=64)
+    q, k = torch.randn(1, 4, 1, D), torch.randn(1, 2, 1, D)
+    before = rope(q, k, offset=7)                          # makes the decode views of the original table
+    twin = copy.deepcopy(rope)
+    with torch.no_grad():
+        rope.packed_table.mul_(2.0)                        # change the original's table only
+    _assert_equal(twin(q, k, offset=7), before)
+    _assert_equal(rope(q, k, offset=7), rope(q, k, positions=torch.tensor([7])))
+    rope.to("meta").to_empty(device="cpu")                 # a new table: new views, rebuilt values
+    rope.reset_buffers()
+    _assert_equal(rope(q, k, offset=7), before)

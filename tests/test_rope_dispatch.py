@@ -88,15 +88,16 @@ def test_one_validation_and_one_decision_per_call(monkeypatch, name):
     monkeypatch.setattr(rope_call, "check_qk", counting("check_qk", rope_call.check_qk))
     for module in (R, rotary_module):                 # the engine is looked up once per call, after the decision
         monkeypatch.setattr(module, "rope_engine", counting("resolve", module.rope_engine))
-        # a decode step is checked and decided at once (decode_step), then rotated by decode_qk
-        monkeypatch.setattr(module, "decode_qk", counting("resolve", module.decode_qk))
-        decode_step = module.decode_step
+        # a decode step is checked, decided and rotated at once (decode_qk; None: not a decode step)
+        decode_qk = module.decode_qk
 
-        def checked_step(*a, _step=decode_step, **kw):
-            sd = _step(*a, **kw)
-            counts["check_qk"] += bool(sd)
-            return sd
-        monkeypatch.setattr(module, "decode_step", checked_step)
+        def checked_step(*a, _step=decode_qk, **kw):
+            out = _step(*a, **kw)
+            if out is not None:
+                counts["check_qk"] += 1
+                counts["resolve"] += 1
+            return out
+        monkeypatch.setattr(module, "decode_qk", checked_step)
     public_calls("auto")[name]()
     assert counts == {"check_qk": 1, "resolve": 1}
 

@@ -22,7 +22,7 @@ def count_checks(fn) -> collections.Counter:
     def profile(frame, event, arg):
         code = frame.f_code
         name = code.co_name.lstrip("_")
-        if event == "call" and "posenc" in code.co_filename and (name.startswith("check") or name == "decode_step"):
+        if event == "call" and "posenc" in code.co_filename and (name.startswith("check") or name == "decode_qk"):
             counts[code.co_name] += 1
 
     sys.setprofile(profile)
@@ -73,7 +73,7 @@ def test_a_rotation_is_checked_once(call):
     }[call]
     counts = count_checks(fn)
     if counts["check_qk"] == 0:            # a decode step: checked and decided at once
-        assert counts == {"decode_step": 1}, dict(counts)
+        assert counts == {"decode_qk": 1}, dict(counts)
     else:
         assert counts["check_qk"] == 1 and counts["check_position_args"] == 1, dict(counts)
         assert sum(counts.values()) <= 7, dict(counts)

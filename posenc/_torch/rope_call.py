@@ -17,9 +17,9 @@
 Whatever runs after step 1 trusts its arguments: protocol methods that ``posenc.attention`` calls
 enter at step 2, never through a public method (which would validate again).
 
-The most frequent call, a decode step at a host-known offset inside the table, takes steps 1 to 3
-in one pass (:func:`decode_step`) and the torch engine's few calls for step 4
-(``kernels.torch_rope.decode_qk``): at that size a step costs its Python and its torch calls.
+The most frequent call, a decode step at a host-known offset inside the table, takes all four steps
+in one function (``kernels.torch_decode.decode_qk``), which declines anything else before it
+touches a tensor: at that size a step costs its Python and its torch calls.
 """
 
 from __future__ import annotations
@@ -160,47 +160,6 @@ def choose_engine(backend: str, q: torch.Tensor, k: torch.Tensor | None, sd: int
     if why is None:
         why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
     return resolve_rope_backend(backend, q, why or None)
-
-
-#: Inputs a decode step serves at its floor (float64 inputs take float64 angles: the general path).
-_DECODE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: Up to this many elements of q and k together (a decode step; the torch engine's small path).
-DECODE_MAX = 1 << 18
-
-
-def decode_step(q: object, k: object, seq_dim: object, rotary_dim: int, offset: object, table: torch.Tensor,
-                backend: str) -> int:
-    """Steps 1 to 3 at once for the most frequent call, a decode step: the sequence axis (1 or 2)
-    when ``q``/``k`` and the positions ``offset .. offset + S - 1`` are that case, else 0.
-
-    The case: ``q (1, H, S, D)`` and ``k (1, H_k, S, D)`` (``seq_dim`` -2/2; or ``(1, S, H, D)``
-    with ``seq_dim=1``) of one float16/bfloat16/float32 dtype on the ``table``'s device, ``D`` the
-    rotary dim, at most :data:`DECODE_MAX` elements, no autograd, not tracing, an int ``offset``
-    whose positions lie in the ``table`` (its rows: ``P``), and a ``backend`` that gives the torch
-    engine for these tensors (``"torch"``, or ``"auto"`` off CUDA).  Every argument is then valid,
-    and the engine is the torch engine's small path (:func:`posenc.kernels.torch_rope.decode_qk`).
-    Anything else, an invalid argument included, returns 0: the general path checks it and says
-    what is wrong.  Reads nothing from the device.
-    """
-    # (tracing first: no test on a shape may become a guard of a compiled graph)
-    if torch.compiler.is_compiling() or not (type(q) is torch.Tensor and type(k) is torch.Tensor
-                                             and type(offset) is int):
-        return 0
-    qs, ks = q.shape, k.shape
-    if len(qs) != 4 or len(ks) != 4 or qs[0] != 1 or ks[0] != 1 or qs[3] != rotary_dim or ks[3] != rotary_dim:
-        return 0
-    if seq_dim == -2 or seq_dim == 2:
-        sd = 2
-    elif seq_dim == 1 and type(seq_dim) is int:
-        sd = 1
-    else:
-        return 0
-    length = qs[sd]
-    dtype = q.dtype
-    return sd if (ks[sd] == length and k.dtype is dtype and dtype in _DECODE_DTYPES and 0 < length and 0 <= offset
-                  and offset + length <= table.shape[0] and q.numel() + k.numel() <= DECODE_MAX
-                  and not kernel_possible(backend, q) and q.device == k.device == table.device
-                  and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))) else 0
 
 
 def feed(engine: Callable, q: torch.Tensor, k: torch.Tensor | None, inplace: bool, **rows):

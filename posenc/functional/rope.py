@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import cast
 
 import torch
 
@@ -46,7 +45,6 @@ from posenc._torch.rope_call import (
     check_flags,
     check_table_options,
     choose_engine,
-    decode_step,
     feed,
     promise,
     table_positions_ok,
@@ -59,7 +57,7 @@ from posenc.core import rope as core_rope
 from posenc.core.notices import LOGGER_NAME
 from posenc.core.rope import ROPE_LAYOUTS
 from posenc.kernels import rope_engine, torch_rope
-from posenc.kernels.torch_rope import decode_qk
+from posenc.kernels.torch_decode import decode_qk
 
 __all__ = [
     "apply_rope",
@@ -411,11 +409,11 @@ def apply_rope_qk(
             (backend == "auto" or backend == "torch") and (assume_valid is False or assume_valid is True)
             and assume_in_table is UNSET and type(cos) is torch.Tensor and type(sin) is torch.Tensor):
         # a decode step at a host-known offset inside float32 tables of one shape: its cost floor
-        sd = decode_step(q, k, seq_dim, 2 * cos.shape[-1], offset, cos, backend) if (
-            cos.dtype == torch.float32 and cos.shape == sin.shape and cos.dim() == 2
-            and sin.device == cos.device) else 0
-        if sd:
-            return decode_qk(q, cast(torch.Tensor, k), offset, layout, sd, cos=cos, sin=sin)
+        if cos.dtype is torch.float32 and sin.dtype is torch.float32 and cos.dim() == 2 and cos.shape == sin.shape and (
+                sin.device == cos.device):
+            out = decode_qk(q, k, seq_dim, offset, 2 * cos.shape[1], cos.shape[0], backend, None, (cos, sin, layout))
+            if out is not None:
+                return out
     if assume_in_table is not UNSET:
         assume_valid = promise("apply_rope_qk", assume_in_table, assume_valid)
     if cu_seqlens is not None:

@@ -19,7 +19,7 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
 )
-from posenc._torch.rope_call import check_call, check_flags, check_head_dim, choose_engine, decode_step, feed, promise
+from posenc._torch.rope_call import check_call, check_flags, check_head_dim, choose_engine, feed, promise
 from posenc._torch.rows import clamp_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
@@ -27,7 +27,8 @@ from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
 from posenc.kernels import rope_engine
-from posenc.kernels.torch_rope import decode_qk, pack_tables, unpack_tables
+from posenc.kernels.torch_decode import decode_factors, decode_qk
+from posenc.kernels.torch_rope import pack_tables, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
 
@@ -180,6 +181,9 @@ class RotaryEmbedding(TableModule):
         width = 4 * h if self.layout == "half" else 2 * h
         self.register_buffer("packed_table", torch.empty(self.max_seq_len, width, device=device), persistent=False)
         self._freqs = freqs
+        # the decode step's factors, views of packed_table that one lookup each turns into rows;
+        # made at the first decode step and again whenever the table is not the one they view
+        self._factors: tuple[torch.Tensor | None, tuple[torch.Tensor, ...]] = (None, ())
         self.reset_buffers()
 
     @classmethod
@@ -236,6 +240,11 @@ class RotaryEmbedding(TableModule):
             else:                                           # on the host (NumPy float64), moved as float32
                 s, c = host_sin_cos(range(self.max_seq_len), split, self.attention_factor)
             self.packed_table.copy_(pack_tables(c, s, self.layout))           # one rounding
+
+    def _decode_views(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(packed_table, its decode factors)``, the latter views of the former."""
+        table = cast(torch.Tensor, self._buffers["packed_table"])
+        return table, decode_factors(table, self.layout)
 
     @property
     def _rule(self) -> _LengthRule:
@@ -325,10 +334,12 @@ class RotaryEmbedding(TableModule):
         """
         if (positions is None and cu_seqlens is None and seq_len is None and inplace is False and self._decode_ok
                 and (assume_valid is False or assume_valid is True) and assume_in_table is UNSET):
-            table = cast(torch.Tensor, self._buffers["packed_table"])
-            sd = decode_step(q, k, seq_dim, self.dim, offset, table, self.backend)
-            if sd:                  # a plain decode step at a host-known offset inside the table: its cost floor
-                return decode_qk(q, cast(torch.Tensor, k), offset, self.layout, sd, packed=table)
+            views = self._factors
+            if views[0] is not self._buffers["packed_table"]:     # first step, or the table was moved since
+                views = self._factors = self._decode_views()
+            out = decode_qk(q, k, seq_dim, offset, self.dim, self.max_seq_len, self.backend, views[1])
+            if out is not None:     # a plain decode step at a host-known offset inside the table: its cost floor
+                return out
         if assume_in_table is not UNSET:
             assume_valid = promise("RotaryEmbedding", assume_in_table, assume_valid)
         if cu_seqlens is not None:

@@ -1,0 +1,73 @@
+"""A decode step's factors for ``(cos, sin)`` tables that a caller passes again and again (not public).
+
+``apply_rope_qk(q, k, cos, sin, offset=)`` in a decode loop receives the same two tables at every
+step.  The half layout multiplies by ``[cos | cos]`` and ``[-sin | sin]`` rows and the interleaved
+one by ``cos + i sin``: building those rows costs three or four torch calls per step, more than the
+rotation's own arithmetic.  This cache builds them once per table pair, as whole tables
+(:func:`table_factors`), so that a step looks its rows up like
+``RotaryEmbedding`` does.
+
+An entry serves only the tables it was built from, unchanged: the same objects or views with the
+same memory, shape and strides (the entry holds the tables, so their memory cannot be reused by
+others meanwhile), the same version counters (any in-place write to a table or to a view of it
+bumps them) and the same device.  Tables that require grad (the factors would cut their graph),
+inference tensors (no version counter) and tables over :data:`MAX_ELEMENTS` (the copy would cost
+memory a caller did not ask for) are never cached: their rows are built per call, with the same
+values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Tables up to this many elements each (e.g. 8192 positions x 64 frequencies) are cached.
+MAX_ELEMENTS = 1 << 19
+#: Table pairs kept, the most recently used first.
+SIZE = 4
+
+_entries: list[tuple] = []
+
+
+def table_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """The decode step's factors of float32 ``(P, h)`` tables (or of some of their rows), as new
+    tensors: ``([cos | cos], [-sin | sin])`` for the half layout, ``(cos + i sin,)`` for the
+    interleaved one."""
+    if layout == "half":
+        return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
+    return (torch.complex(cos, sin),)
+
+
+def cached_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...] | None:
+    """The factors of float32 ``(P, h)`` tables for :func:`posenc.kernels.torch_decode.decode_qk`, or
+    None when these tables are not cached (the caller then builds the rows it needs)."""
+    for i, entry in enumerate(_entries):
+        if entry[2] != layout:
+            continue
+        if entry[0] is cos and entry[1] is sin:
+            same = True                                       # the very tensors: the same memory, shape, strides
+        elif entry[3] == cos.data_ptr() and entry[4] == sin.data_ptr():
+            e_cos, e_sin = entry[0], entry[1]                 # new views of the same memory (e.g. a property)?
+            same = (cos.shape == e_cos.shape and cos.stride() == e_cos.stride() and sin.stride() == e_sin.stride()
+                    and cos.device == e_cos.device)
+        else:
+            continue
+        if same and entry[5] == cos._version and entry[6] == sin._version and not (
+                cos.requires_grad or sin.requires_grad) and entry[3] == cos.data_ptr() and entry[4] == sin.data_ptr():
+            if i:
+                _entries.insert(0, _entries.pop(i))
+            return entry[7]
+        del _entries[i]                                       # changed since: build it again
+        break
+    if (cos.requires_grad or sin.requires_grad or cos.is_inference() or sin.is_inference()
+            or cos.numel() > MAX_ELEMENTS):
+        return None
+    with torch.no_grad():
+        factors = table_factors(cos, sin, layout)
+    _entries.insert(0, (cos, sin, layout, cos.data_ptr(), sin.data_ptr(), cos._version, sin._version, factors))
+    del _entries[SIZE:]
+    return factors
+
+
+def clear() -> None:
+    """Forget every entry (tests; releasing the tables' copies)."""
+    _entries.clear()
