@@ -27,7 +27,7 @@ ALLOWED = {
     "lab": {"core", "functional", "nn", "attn", "_validate", "_torch", "lab", "distributed", "_deprecate"},
     "distributed": {"core", "functional", "nn", "attn", "_validate", "_torch", "_deprecate"},
     "models": {"lab", "_deprecate"},
-    "integrations": {"core", "functional", "nn", "_validate", "_torch", "integrations", "_deprecate"},
+    "integrations": {"core", "functional", "nn", "kernels", "_validate", "_torch", "integrations", "_deprecate"},
     "cli": {"core", "functional", "lab", "_deprecate"},
     "__init__": set(),
     "__main__": {"cli"},

@@ -70,7 +70,16 @@ from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import hf_config as core_hf_config
 from posenc.core.notices import LOGGER_NAME
-from posenc.functional import alibi_bias, alibi_slopes, positions_from_mask, relative_position_bucket
+from posenc.functional import (
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    apply_rope_qk,
+    positions_from_mask,
+    relative_position_bucket,
+)
+from posenc.kernels.factor_cache import table_factors
+from posenc.kernels.torch_decode import decode_qk
 from posenc.nn import MultimodalRotaryEmbedding, RotaryEmbedding
 
 __all__ = ["is_patched", "patch_model", "patched", "rotation_layout", "unpatch_model"]
@@ -739,13 +748,36 @@ def _check_one_axis(module: torch.nn.Module, where: str, config: Any, dim: int) 
 
 # ---- the rotation of q and k through posenc's engines (backend=) ---------------------------------------------
 
-#: id(cos a patched rotary module returned) -> (weak reference to it, narrow cos, narrow sin, layout, backend)
-_FAST: dict[int, tuple[Any, torch.Tensor, torch.Tensor, str, str]] = {}
+#: id(cos a patched rotary module returned) -> _FastEntry for it
+_FAST: dict[int, _FastEntry] = {}
+
+
+class _FastEntry:
+    """What rotates q and k for the cos/sin one call of a patched rotary module returned: its narrow
+    ``(B, S, d/2)`` cos and sin, the layout and backend, and, when one row set serves the whole batch,
+    the decode step's factors of those rows (made once per call of the rotary module, for every layer)."""
+
+    __slots__ = ("ref", "cos", "sin", "layout", "backend", "factors", "dim", "rows")
+
+    def __init__(self, cos_out: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 backend: str) -> None:
+        self.ref = None if cos_out is None else weakref.ref(cos_out, _forget(id(cos_out)))
+        self.cos, self.sin, self.layout, self.backend = cos, sin, layout, backend
+        self.factors: tuple[torch.Tensor, ...] | None = None
+        self.dim, self.rows = 2 * cos.shape[-1], cos.shape[1]
+        if cos.shape[0] == 1:
+            with torch.no_grad():
+                self.factors = table_factors(cos[0].float(), sin[0].float(), layout)
+
+
+def _forget(key: int) -> Callable[[Any], None]:
+    def forget(_: Any) -> None:
+        _FAST.pop(key, None)
+    return forget
 
 
 def _register_fast(cos_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, backend: str) -> None:
-    key = id(cos_out)
-    _FAST[key] = (weakref.ref(cos_out, lambda _: _FAST.pop(key, None)), cos, sin, layout, backend)
+    _FAST[id(cos_out)] = _FastEntry(cos_out, cos, sin, layout, backend)
 
 
 class _FastRotate:
@@ -760,21 +792,23 @@ class _FastRotate:
 
     def __call__(self, q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
         entry = _FAST.get(id(cos))
-        if entry is None or entry[0]() is not cos or torch.compiler.is_compiling():
+        if entry is None or entry.ref is None or entry.ref() is not cos or torch.compiler.is_compiling():
             return self.original(q, k, cos, sin, *args, **kwargs)
-        bound = self.signature.bind(q, k, cos, sin, *args, **kwargs).arguments
-        unsqueeze = bound.get("unsqueeze_dim", 1)
-        return _fast_qk(q, k, entry[1], entry[2], entry[3], entry[4], unsqueeze)
+        unsqueeze = self.signature.bind(q, k, cos, sin, *args, **kwargs).arguments.get(
+            "unsqueeze_dim", 1) if args or kwargs else 1
+        return _fast_qk(q, k, entry, unsqueeze)
 
 
-def _fast_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, backend: str,
-             unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from posenc.functional import apply_rope, apply_rope_qk
-
+def _fast_qk(q: torch.Tensor, k: torch.Tensor, entry: _FastEntry, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin, layout, backend = entry.cos, entry.sin, entry.layout, entry.backend
     if cos.shape[0] == 1 and unsqueeze in (1, 2):        # one row set for the batch: q and k in one call, whose
-        # rows 0 .. S-1 are this step's positions (a decode step then takes the engine's small path)
-        q_out, k_out = apply_rope_qk(q, k, cos[0], sin[0], layout=layout, seq_dim=-2 if unsqueeze == 1 else 1,
-                                     backend=backend)
+        # rows 0 .. S-1 are this step's positions
+        seq_dim = 2 if unsqueeze == 1 else 1
+        if entry.factors is not None and q.dim() == 4 and q.shape[seq_dim] == entry.rows:
+            out = decode_qk(q, k, seq_dim, 0, entry.dim, entry.rows, backend, entry.factors)
+            if out is not None:                           # the torch engine's decode path (prefill too, when small)
+                return out
+        q_out, k_out = apply_rope_qk(q, k, cos[0], sin[0], layout=layout, seq_dim=seq_dim, backend=backend)
         return q_out, cast(torch.Tensor, k_out)
     cos, sin = cos.unsqueeze(unsqueeze), sin.unsqueeze(unsqueeze)             # (B, 1, S, d/2) for (B, H, S, D)
     return apply_rope(q, cos, sin, layout=layout, backend=backend), apply_rope(k, cos, sin, layout=layout,
@@ -844,7 +878,7 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
             k = torch.randn(1, 2, 5, dim + extra, generator=gen).to(device)
             try:
                 want = fn(q, k, *full)
-                got = _fast_qk(q, k, cos, sin, adapter.layout or "half", backend, 1)
+                got = _fast_qk(q, k, _FastEntry(None, cos, sin, adapter.layout or "half", backend), 1)
             except Exception as e:                                    # noqa: BLE001 -- reported as the reason
                 if extra:
                     continue
