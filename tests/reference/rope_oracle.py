@@ -53,10 +53,12 @@ def yarn_attention_factor(factor, mscale=None, mscale_all_dim=None):
     return m(factor)
 
 
-def llama3(dim, base, factor, original, low=1.0, high=4.0):
+def _llama3_rule(theta, factor, original, low, high, pi):
+    """Llama 3.1's rule on frequencies ``theta`` in the precision of ``theta`` and ``pi`` (float or mpmath):
+    short wavelengths kept, long ones divided by ``factor``, a smooth blend between."""
     out = []
-    for t in default(dim, base):
-        wavelen = 2 * math.pi / t
+    for t in theta:
+        wavelen = 2 * pi / t
         if wavelen < original / high:
             out.append(t)
         elif wavelen > original / low:
@@ -64,7 +66,11 @@ def llama3(dim, base, factor, original, low=1.0, high=4.0):
         else:
             smooth = (original / wavelen - low) / (high - low)
             out.append((1 - smooth) * t / factor + smooth * t)
-    return np.array(out)
+    return out
+
+
+def llama3(dim, base, factor, original, low=1.0, high=4.0):
+    return np.array(_llama3_rule(default(dim, base), factor, original, low, high, math.pi))
 
 
 def longrope(dim, base, short, long, original, seq_len):
@@ -205,17 +211,7 @@ def theta_rule_mp(dim: int, base: float, kind: str, *, factor: float = 1.0, orig
             nb = mpmath.mpf(base) * mpmath.power(f * seq_len / original - (f - 1), d / (d - 2))
             theta = [mpmath.power(nb, -mpmath.mpf(2 * i) / d) for i in range(dim // 2)]
     elif kind == "llama3":
-        out = []
-        for t in theta:
-            wavelen = 2 * mpmath.pi / t
-            if wavelen < original / high:
-                out.append(t)
-            elif wavelen > original / low:
-                out.append(t / f)
-            else:
-                smooth = (original / wavelen - low) / (high - low)
-                out.append((1 - smooth) * t / f + smooth * t)
-        theta = out
+        theta = _llama3_rule(theta, f, original, low, high, mpmath.pi)
     elif kind == "longrope":
         ext = long if seq_len > original else short
         theta = [t / mpmath.mpf(e) for t, e in zip(theta, ext, strict=True)]
