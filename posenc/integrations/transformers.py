@@ -65,6 +65,7 @@ import torch
 from posenc import _validate
 from posenc._deprecate import UNSET
 from posenc._torch.angles import angle_dtype
+from posenc._torch.backend import kernel_possible
 from posenc._torch.rope_call import promise
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
@@ -754,8 +755,9 @@ _FAST: dict[int, _FastEntry] = {}
 
 class _FastEntry:
     """What rotates q and k for the cos/sin one call of a patched rotary module returned: its narrow
-    ``(B, S, d/2)`` cos and sin, the layout and backend, and, when one row set serves the whole batch,
-    the decode step's factors of those rows (made once per call of the rotary module, for every layer)."""
+    ``(B, S, d/2)`` cos and sin, the layout and backend, and, when one row set serves the whole batch
+    and the torch engine rotates, the decode step's factors of those rows (made once per call of the
+    rotary module, for every layer)."""
 
     __slots__ = ("ref", "cos", "sin", "layout", "backend", "factors", "dim", "rows")
 
@@ -765,7 +767,7 @@ class _FastEntry:
         self.cos, self.sin, self.layout, self.backend = cos, sin, layout, backend
         self.factors: tuple[torch.Tensor, ...] | None = None
         self.dim, self.rows = 2 * cos.shape[-1], cos.shape[1]
-        if cos.shape[0] == 1:
+        if cos.shape[0] == 1 and not kernel_possible(backend, cos):    # (the kernel reads cos/sin itself)
             with torch.no_grad():
                 self.factors = table_factors(cos[0].float(), sin[0].float(), layout)
 
