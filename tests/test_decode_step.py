@@ -173,3 +173,11 @@ def test_a_module_copy_decodes_with_its_own_table():
     rope.to("meta").to_empty(device="cpu")                 # a new table: new views, rebuilt values
     rope.reset_buffers()
     _assert_equal(rope(q, k, offset=7), before)
+
+
+def test_a_shorter_view_of_the_same_memory_gets_its_own_entry(fresh_cache):
+    cos, sin = _tables()
+    q, k = torch.randn(1, 4, 1, D), torch.randn(1, 2, 1, D)
+    for tables in ((cos, sin), (cos[:32], sin[:32]), (cos, sin)):   # same first address, other shapes
+        _assert_equal(*_step_and_general(q, k, *tables, 9, "half"))
+    assert len(fresh_cache) == 2 and fresh_cache[0][0] is cos       # the full tables' entry was kept, then reused

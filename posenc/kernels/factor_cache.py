@@ -41,22 +41,17 @@ def cached_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[t
     """The factors of float32 ``(P, h)`` tables for :func:`posenc.kernels.torch_decode.decode_qk`, or
     None when these tables are not cached (the caller then builds the rows it needs)."""
     for i, entry in enumerate(_entries):
-        if entry[2] != layout:
-            continue
-        if entry[0] is cos and entry[1] is sin:
-            same = True                                       # the very tensors: the same memory, shape, strides
-        elif entry[3] == cos.data_ptr() and entry[4] == sin.data_ptr():
-            e_cos, e_sin = entry[0], entry[1]                 # new views of the same memory (e.g. a property)?
-            same = (cos.shape == e_cos.shape and cos.stride() == e_cos.stride() and sin.stride() == e_sin.stride()
-                    and cos.device == e_cos.device)
-        else:
-            continue
-        if same and entry[5] == cos._version and entry[6] == sin._version and not (
-                cos.requires_grad or sin.requires_grad) and entry[3] == cos.data_ptr() and entry[4] == sin.data_ptr():
+        e_cos, e_sin = entry[0], entry[1]
+        if entry[2] != layout or not (e_cos is cos and e_sin is sin or (  # the very tensors, or new views of
+                entry[3] == cos.data_ptr() and entry[4] == sin.data_ptr() and cos.shape == e_cos.shape  # their memory
+                and cos.stride() == e_cos.stride() and sin.stride() == e_sin.stride() and cos.device == e_cos.device)):
+            continue                                          # other tables (perhaps over the same memory)
+        if (entry[3] == cos.data_ptr() and entry[4] == sin.data_ptr() and entry[5] == cos._version
+                and entry[6] == sin._version and not (cos.requires_grad or sin.requires_grad)):
             if i:
                 _entries.insert(0, _entries.pop(i))
             return entry[7]
-        del _entries[i]                                       # changed since: build it again
+        del _entries[i]                                       # these tables changed since: build it again
         break
     if (cos.requires_grad or sin.requires_grad or cos.is_inference() or sin.is_inference()
             or cos.numel() > MAX_ELEMENTS):
