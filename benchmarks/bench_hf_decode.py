@@ -1,14 +1,16 @@
 """A Hugging Face model's decode step and prefill with and without posenc's patch, measured in one run (CPU).
 
-    python benchmarks/bench_hf_decode.py [--repeats 5] [--threads 1] [--sizes 256x4,512x4,1024x2] [--prefill 256]
+    python benchmarks/bench_hf_decode.py [--repeats 5] [--threads 1] [--sizes 256x4,512x4,1024x2]
+                                         [--dtypes float32,bfloat16] [--prefill 256]
 
-For each size (hidden x layers) builds a random Llama (no download), then times one cached decoding
-step at position 64 (``model(next_token, past_key_values=...)``, the cache cropped back after each
-call so every call sees the same length) and a prefill of ``--prefill`` tokens, three ways in the
-same run: unpatched, ``patch_model(model)`` (posenc's cos/sin, the model's rotation) and
-``patch_model(model, backend="torch")`` (the rotation of q and k through posenc's engine too).
-Prints medians over ``--repeats`` and the ratios patched / unpatched per repeat (median, min-max).
-With CUDA, ``--device cuda --backend triton`` measures the Triton kernel instead.
+For each size (hidden x layers) and dtype builds a random Llama (no download), then times one cached
+decoding step at position 64 (``model(next_token, past_key_values=...)``, the cache cropped back
+after each call so every call sees the same length) and a prefill of ``--prefill`` tokens, three
+ways in the same run: unpatched, ``patch_model(model, backend=None)`` (posenc's cos/sin, the
+model's rotation) and ``patch_model(model)`` (the default ``backend="auto"``: the rotation of q and
+k through posenc's engine too).  Prints medians over ``--repeats`` and the ratios patched /
+unpatched per repeat (median, min-max).  With CUDA, ``--device cuda --backend triton`` measures
+the Triton kernel instead.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ from _timing import median_seconds
 VARIANTS = ("unpatched", "cos/sin", "rotation")
 
 
-def measure(hidden: int, layers: int, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+def measure(hidden: int, layers: int, dtype: torch.dtype, args: argparse.Namespace
+            ) -> dict[str, dict[str, list[float]]]:
     heads = max(1, hidden // 64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = transformers.LlamaConfig(vocab_size=1000, hidden_size=hidden, num_attention_heads=heads,
                                           num_key_value_heads=max(1, heads // 4), num_hidden_layers=layers,
                                           intermediate_size=2 * hidden, max_position_embeddings=4096)
-        model = transformers.LlamaForCausalLM(config).eval().to(args.device)
+        model = transformers.LlamaForCausalLM(config).eval().to(args.device, dtype)
     ids = torch.randint(0, 1000, (1, 64), device=args.device)
     long_ids = torch.randint(0, 1000, (1, args.prefill), device=args.device)
     with torch.no_grad():
@@ -69,26 +72,30 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--min-time", type=float, default=0.3)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--backend", default="torch", choices=("auto", "torch", "triton"))
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
+    ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"Llama (head_dim 64); decode: one step at position 64; prefill: {args.prefill} tokens; torch "
           f"{torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} thread(s), "
           f"{args.device}, rotation backend {args.backend!r}; {args.repeats} repeats")
     print()
-    print("| hidden x layers | pass | unpatched ms | cos/sin ms | rotation ms | cos/sin / unpatched | "
+    print("| hidden x layers | dtype | pass | unpatched ms | cos/sin ms | rotation ms | cos/sin / unpatched | "
           "rotation / unpatched |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for size in args.sizes.split(","):
-        hidden, layers = (int(v) for v in size.split("x"))
-        times = measure(hidden, layers, args)
-        for mode, by in times.items():
-            cells = []
-            for variant in VARIANTS[1:]:
-                ratios = [p / u for p, u in zip(by[variant], by["unpatched"], strict=True)]
-                cells.append(f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})")
-            print(f"| {hidden} x {layers} | {mode} | " + " | ".join(f"{statistics.median(by[v]) * 1e3:.3f}"
-                                                                    for v in VARIANTS) + " | " + " | ".join(cells) + " |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for name in args.dtypes.split(","):
+        dtype = getattr(torch, name)
+        for size in args.sizes.split(","):
+            hidden, layers = (int(v) for v in size.split("x"))
+            times = measure(hidden, layers, dtype, args)
+            for mode, by in times.items():
+                cells = []
+                for variant in VARIANTS[1:]:
+                    ratios = [p / u for p, u in zip(by[variant], by["unpatched"], strict=True)]
+                    cells.append(f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})")
+                print(f"| {hidden} x {layers} | {name} | {mode} | "
+                      + " | ".join(f"{statistics.median(by[v]) * 1e3:.3f}" for v in VARIANTS) + " | "
+                      + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

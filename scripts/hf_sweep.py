@@ -25,13 +25,15 @@ from tests import hf_zoo  # noqa: E402
 
 def markdown(records: list[dict], version: str) -> str:
     counts = collections.Counter(r["status"] for r in records)
+    routed = sum(1 for r in records if r["status"] == "equal" and "posenc" in r.get("rotation", []))
     lines = [
         f"Swept with transformers {version}: {len(records)} model types with positions; "
         + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("equal", "different", "error", "refused", "not built",
-                                                         "not run")) + ".",
+                                                         "not run"))
+        + f". Of the equal ones, {routed} rotate q and k with posenc's engine (the rest: the model's own code).",
         "",
-        "| model type | result | patched | layout | detail |",
-        "|---|---|---|---|---|",
+        "| model type | result | patched | layout | q/k rotation | detail |",
+        "|---|---|---|---|---|---|",
     ]
     for r in sorted(records, key=lambda r: r["model_type"]):
         if r["status"] in ("equal", "different"):
@@ -40,8 +42,9 @@ def markdown(records: list[dict], version: str) -> str:
             detail = r.get("reason", "").replace("|", "/")
             detail = detail if len(detail) < 72 else detail[:69] + "..."
         layout = ", ".join(x for x in r.get("layout", []) if x != "None")
+        rotation = ", ".join(r.get("rotation", []))
         lines.append(f"| `{r['model_type']}` | {r['status']} | {', '.join(r.get('patched', []))} | {layout} | "
-                     f"{detail.replace('<', '&lt;')} |")
+                     f"{rotation} | {detail.replace('<', '&lt;')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -318,13 +318,16 @@ def layouts(model: torch.nn.Module) -> dict[str, Any]:
     """The pair layouts of a patched model: found from its rotate function, and read from its config."""
     from posenc.core import hf_config
 
-    found = sorted({str(m.posenc_rope.layout) for m in model.modules()
-                    if "posenc_rope" in m._modules and hasattr(m.posenc_rope, "layout")})
+    adapters = [m.posenc_rope for m in model.modules() if "posenc_rope" in m._modules
+                and hasattr(m.posenc_rope, "layout")]
+    found = sorted({str(a.layout) for a in adapters})
+    #: who rotates q and k: posenc's engine (its dtypes bit for bit as the model's code) or the model's code
+    rotation = sorted({"posenc" if getattr(a, "fast", None) else "model" for a in adapters})
     try:
         config = hf_config.rope_layout_from_hf(model.config.get_text_config())
     except Exception as e:                             # noqa: BLE001 -- recorded
         config = f"unreadable ({type(e).__name__})"
-    return {"layout": found, "layout_config": config} if found else {}
+    return {"layout": found, "layout_config": config, "rotation": rotation} if found else {}
 
 
 def _reason(e: BaseException) -> str:

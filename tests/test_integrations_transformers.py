@@ -276,8 +276,8 @@ def test_backend_routes_the_rotation_through_posenc_and_keeps_parity(name, monke
     ref_logits, ref_tokens = _greedy(model, ids, 8)
     patch_model(model, backend="torch")
     calls = []
-    fast = integration._fast_qk
-    monkeypatch.setattr(integration, "_fast_qk", lambda *a, **k: calls.append(1) or fast(*a, **k))
+    fast = integration._FastEntry.rotate
+    monkeypatch.setattr(integration._FastEntry, "rotate", lambda *a, **k: calls.append(1) or fast(*a, **k))
     logits, tokens = _greedy(model, ids, 8)
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
     assert tokens == ref_tokens
@@ -292,6 +292,63 @@ def test_backend_routes_the_rotation_through_posenc_and_keeps_parity(name, monke
     torch.testing.assert_close(_greedy(model, ids, 8)[0], ref_logits, rtol=0, atol=0)
 
 
+ROUTED = ["llama", "llama-dynamic", "qwen2-yarn", "gemma3", "phi3-longrope", "gpt_neox", "cohere", "glm"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ROUTED)
+def test_the_default_rotation_equals_the_models_own_rotation_bit_for_bit(name, dtype):
+    """patch_model's default (backend="auto", posenc's torch engine on CPU) rotates q and k with the
+    same products and additions as the model's own function: the logits of a prefill and 8 cached
+    steps equal, to the bit, those of the model rotating posenc's cos/sin itself (backend=None).
+    The families cover half and interleaved pairs, a rotary part narrower than the head (GPT-NeoX,
+    GLM), a length-dependent rule computed per call (dynamic NTK) and per-layer-type tables."""
+    model = _build(name).to(dtype)
+    ids = torch.randint(1, 96, (2, 30), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0                                              # a left-padded row: other positions per row
+    kwargs = {"attention_mask": mask, "max_new_tokens": 8, "do_sample": False, "pad_token_id": 0,
+              "output_logits": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        with patched(model, backend=None):
+            want = model.generate(ids, **kwargs)
+        with patched(model):
+            assert next(m.posenc_rope for m in model.modules() if hasattr(m, "posenc_rope")).fast[2] == "auto"
+            got = model.generate(ids, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.logits, want.logits, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_default_rotation_past_the_table_and_in_float64_equals_the_models_own():
+    """Positions past the table (computed per call) and a float64 model take the per-call factors."""
+    model = _build("llama")                                      # 256-row table
+    ids = torch.randint(1, 96, (1, 250), generator=torch.Generator().manual_seed(6))
+    for m in (model, _build("llama").double()):
+        with torch.no_grad():
+            with patched(m, backend=None):
+                want = _greedy(m, ids, 12)                       # steps at positions 250 .. 261
+            with patched(m):
+                got = _greedy(m, ids, 12)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1]
+
+
+def test_a_patched_model_moved_to_meta_and_back_rebuilds_its_tables():
+    model = patch_model(_build("llama"))
+    ids = torch.randint(1, 96, (1, 12))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    state = model.state_dict()
+    model.to("meta").to_empty(device="cpu")
+    model.load_state_dict(state)
+    for module in model.modules():
+        if hasattr(module, "reset_buffers") and type(module).__name__ == "_RotaryTables":
+            module.reset_buffers()
+    model.model.rotary_emb.original_inv_freq = model.model.rotary_emb.inv_freq           # (the model's own buffer)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=0, atol=0)
+
+
 def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
     import copy
     import pickle
@@ -299,10 +356,12 @@ def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
 
     import posenc.integrations.transformers as integration
 
-    model = patch_model(_build("llama"), backend="torch")
+    model = _build("llama")
     code = sys.modules[type(model.model.rotary_emb).__module__]
+    before = getattr(code.apply_rotary_pos_emb, "users", 0)                  # (other models patched in this process)
+    patch_model(model, backend="torch")
     twin, loaded = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
-    assert code.apply_rotary_pos_emb.users == 3
+    assert code.apply_rotary_pos_emb.users == before + 3
     ids = torch.randint(1, 96, (1, 12))
     with torch.no_grad():
         want = model(input_ids=ids).logits
@@ -312,7 +371,10 @@ def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
         unpatch_model(m)
         assert isinstance(code.apply_rotary_pos_emb, integration._FastRotate)
     unpatch_model(loaded)
-    assert not isinstance(code.apply_rotary_pos_emb, integration._FastRotate)
+    if before:
+        assert code.apply_rotary_pos_emb.users == before
+    else:                                                                     # the last user gone: the original back
+        assert not isinstance(code.apply_rotary_pos_emb, integration._FastRotate)
 
 
 def test_backend_where_the_rotate_function_is_not_recognised_keeps_the_models_rotation(caplog):

@@ -33,10 +33,14 @@ value's scale.  ALiBi slopes must agree to 4 ulps, T5 buckets exactly.  Any disa
 whole model with a ``ValueError`` naming the module, the positions and the difference, and the model
 is left as it was.
 
-With ``backend=`` the model's ``apply_rotary_pos_emb`` is also routed through
-:func:`posenc.functional.apply_rope` for patched models' cos/sin, where that function is recognised
-and reproduced at patch time; the pair layout is the one the model's own rotate function mixes
-(:func:`rotation_layout`).
+The rotation of q and k goes through posenc's engine too (``backend="auto"``, the default), where
+the model's ``apply_rotary_pos_emb`` is recognised and reproduced at patch time; the pair layout is
+the one the model's own rotate function mixes (:func:`rotation_layout`).  On CPU, and on any device
+with ``backend="torch"``, a call of the patched rotary module gathers, with one lookup, its cos/sin
+and the 2 x 2 mixing factors of each feature pair (:mod:`posenc.kernels.torch_mix`); each layer then
+rotates q and k with two torch calls apiece, with the same products and additions as the model's
+own code, so the outputs are equal bit for bit, in fewer calls.  With Triton on CUDA, ``"auto"``
+picks posenc's Triton kernel.
 
 Patch state lives on each patched module (a registered ``posenc_rope`` submodule for tables, picklable
 callables for the replaced methods), so ``copy.deepcopy``, ``pickle`` / ``torch.save`` and patching
@@ -55,7 +59,6 @@ import inspect
 import logging
 import sys
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -79,8 +82,7 @@ from posenc.functional import (
     positions_from_mask,
     relative_position_bucket,
 )
-from posenc.kernels.factor_cache import table_factors
-from posenc.kernels.torch_decode import decode_qk
+from posenc.kernels.torch_mix import mix_rows, mix_view, rotate_mixed
 from posenc.nn import MultimodalRotaryEmbedding, RotaryEmbedding
 
 __all__ = ["is_patched", "patch_model", "patched", "rotation_layout", "unpatch_model"]
@@ -177,7 +179,7 @@ def _is_patched(module: torch.nn.Module) -> bool:
 
 # ---- the public entry points ------------------------------------------------------------------------------
 
-def patch_model(model: torch.nn.Module, *, backend: str | None = None, assume_valid: bool = False,
+def patch_model(model: torch.nn.Module, *, backend: str | None = "auto", assume_valid: bool = False,
                 assume_in_table: bool = UNSET) -> torch.nn.Module:
     """Make ``model`` compute its positional encoding with posenc, in place; returns ``model``.
 
@@ -194,13 +196,15 @@ def patch_model(model: torch.nn.Module, *, backend: str | None = None, assume_va
 
     Args:
         model: a loaded transformers model (any head, or a submodel such as ``model.model``).
-        backend: ``None`` (the default): posenc supplies cos/sin and the model's own code rotates q
-            and k.  ``"auto"``, ``"torch"`` or ``"triton"``: where the model's rotate function
-            (``apply_rotary_pos_emb(q, k, cos, sin)`` of its modeling code) is recognised and, on
-            random q and k, reproduced by posenc's engine within float32 rounding, that function is
-            routed through :func:`posenc.functional.apply_rope` with this backend for the cos/sin of
-            patched models (calls with other cos/sin, and traced calls under ``torch.compile``, run
-            the model's own function).  Where it is not recognised, cos/sin only (logged at INFO).
+        backend: ``"auto"`` (the default), ``"torch"`` or ``"triton"``: where the model's rotate
+            function (``apply_rotary_pos_emb(q, k, cos, sin)`` of its modeling code) is recognised
+            and, on random q and k, reproduced by posenc's engine within float32 rounding, that
+            function rotates q and k with posenc's engine for the cos/sin of patched models: the
+            torch engine (the same roundings as the model's code, in fewer calls), or with
+            ``"triton"`` (``"auto"`` on CUDA with Triton) posenc's Triton kernel.  Calls with other
+            cos/sin, and traced calls under ``torch.compile``, run the model's own function; where
+            the function is not recognised, cos/sin only (logged at INFO).  ``None``: posenc
+            supplies cos/sin and the model's own code always rotates q and k.
         assume_valid: for RoPE models, promise that every position lies below the rotary tables'
             rows (``min(max_position_embeddings, 16384)``) and that no length-dependent rule needs
             the current length: cos/sin are then looked up without reading the positions back
@@ -237,7 +241,7 @@ def is_patched(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def patched(model: torch.nn.Module, *, backend: str | None = None, assume_valid: bool = False,
+def patched(model: torch.nn.Module, *, backend: str | None = "auto", assume_valid: bool = False,
             assume_in_table: bool = UNSET) -> Iterator[torch.nn.Module]:
     """``with patched(model): ...`` runs the block with ``model`` patched, and restores after it
     exactly the modules it patched (a model that was patched already stays patched).
@@ -372,11 +376,17 @@ def _mrope_section(module: torch.nn.Module, model: torch.nn.Module) -> Any:
 
 class _RotaryTables(TableModule):
     """posenc's rotary embedding for one layer type, with its exact float32 cos/sin tables
-    ``(rows, dim/2)``.  The tables stay float32 when the model is cast (``model.to(torch.bfloat16)``)."""
+    ``(rows, dim/2)``.  The tables stay float32 when the model is cast (``model.to(torch.bfloat16)``).
 
-    _table_buffers = ("cos", "sin")
+    Where posenc also rotates q and k (``backend=``), ``mix`` holds, per row, everything a call
+    returns and rotates with, so that one gather serves a call: ``(rows, 4 dim)``, the module's cos
+    and sin in its own format, then the factors of :func:`posenc.kernels.torch_mix.mix_rows`.
+    """
+
+    _table_buffers = ("cos", "sin", "mix")
     cos: torch.Tensor
     sin: torch.Tensor
+    mix: torch.Tensor | None
 
     def __init__(self, rope: RotaryEmbedding, assume_valid: bool) -> None:
         super().__init__()
@@ -384,18 +394,76 @@ class _RotaryTables(TableModule):
         self.rope = rope
         self.register_buffer("cos", rope.cos_table.contiguous(), persistent=False)
         self.register_buffer("sin", rope.sin_table.contiguous(), persistent=False)
+        self.register_buffer("mix", None, persistent=False)
+        self.mix_format: tuple[str, str] | None = None
+        #: plain attributes (read per call without the module's attribute lookup)
+        self.rows, self.length_dependent = int(self.cos.shape[0]), bool(rope.length_dependent)
+        self.split = (rope.dim, rope.dim, 2 * rope.dim)
+
+    def enable_mix(self, fmt: str, layout: str | None) -> None:
+        """Build ``mix`` for a module returning cos/sin in ``fmt`` whose model rotates pairs ``layout``;
+        ``layout=None`` drops it."""
+        self.mix_format = None if layout is None else (fmt, layout)
+        if layout is None:
+            self.mix = None
+            return
+        with torch.no_grad():
+            self.mix = torch.cat([*_to_format(self.cos, self.sin, fmt, torch.float32),
+                                  mix_rows(self.cos, self.sin, layout)], -1)
+
+    def reset_buffers(self) -> None:
+        """Rebuild the tables in place (after ``to_empty``)."""
+        self.rope.reset_buffers()
+        with torch.no_grad():
+            self.cos.copy_(self.rope.cos_table)
+            self.sin.copy_(self.rope.sin_table)
+        if self.mix_format is not None:
+            self.enable_mix(*self.mix_format)
+
+    def _in_table(self, position_ids: torch.Tensor, dtype: torch.dtype) -> bool:
+        if dtype == torch.float64 or self.length_dependent:
+            return False
+        if self.assume_valid:                                                 # promised: no device reads
+            return True
+        if torch.compiler.is_compiling():
+            return False
+        lo, hi = position_range(position_ids)                                  # one small read
+        return 0 <= lo and hi < self.rows
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` ``position_ids.shape + (dim/2,)``: table rows when the positions lie inside the
         table and no length-dependent rule changes the frequencies, else exact values for this call."""
-        table_ok = dtype != torch.float64 and not self.rope.length_dependent
-        if table_ok and self.assume_valid:                                    # promised: no device reads
+        if self._in_table(position_ids, dtype):
             return table_rows(self.cos, position_ids, 0, 0), table_rows(self.sin, position_ids, 0, 0)
-        if table_ok and not torch.compiler.is_compiling():
-            lo, hi = position_range(position_ids)                              # one small read
-            if 0 <= lo and hi < self.cos.shape[0]:
-                return table_rows(self.cos, position_ids, 0, 0), table_rows(self.sin, position_ids, 0, 0)
         return self.rope.cos_sin(position_ids, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+
+    def mixed(self, position_ids: torch.Tensor, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The module's ``(cos, sin)`` ``position_ids.shape + (dim,)`` in ``dtype`` and the factors of
+        their rows (:func:`posenc.kernels.torch_mix.mix_view`, also in ``dtype``: the rotation rounds
+        as the model's own code does), from one gather of ``mix`` (copies of cos/sin make them
+        contiguous past one row); None where :meth:`forward` would not read the tables."""
+        mix = self._buffers["mix"]
+        if mix is None or dtype not in _LOW or self.length_dependent:
+            return None
+        index = position_ids if position_ids.dtype in (torch.int64, torch.int32) else position_ids.long()
+        if position_ids.is_cpu:                                               # (not tracing: the caller checked)
+            try:
+                rows = torch.embedding(mix, index)                            # bounds-checked: nothing to read
+            except IndexError:
+                return None                                                   # past the table: computed
+        elif self._in_table(position_ids, dtype):
+            rows = torch.embedding(mix, index)
+        else:
+            return None
+        if dtype is not torch.float32:
+            rows = rows.to(dtype)                       # rounded once, as the model rounds its cos/sin
+        cos, sin, m = rows.split_with_sizes(self.split, -1)
+        return cos.contiguous(), sin.contiguous(), mix_view(m, self.mix_format[1])  # type: ignore[index]
+
+
+#: The dtypes posenc's tables serve (float64 takes float64 angles, computed per call).
+_LOW = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _to_format(cos: torch.Tensor, sin: torch.Tensor, fmt: str, dtype: torch.dtype) -> Any:
@@ -428,19 +496,46 @@ class _RotaryAdapter(torch.nn.Module):
         self.layout_source = ""
         #: (modeling module name, function name, backend) when the rotation is routed through posenc
         self.fast: tuple[str, str, str] | None = None
+        #: how the model's rotate function computes in bfloat16 / float16, found at patch time:
+        #: "model" (in that dtype) or "float32" (widened, then rounded back); absent: its own code runs
+        self.low: dict[torch.dtype, str] = {}
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: Any = None, **kwargs: Any) -> Any:
-        key = str(layer_type)
-        if key not in self.tables:
-            if len(self.tables) != 1:
-                raise ValueError(f"layer_type must be one of {sorted(self.tables)}, got {layer_type!r}")
-            key = next(iter(self.tables))
-        cos, sin = self.tables[key](position_ids, x.dtype)
-        out = _to_format(cos, sin, self.fmt, x.dtype)
-        fast = self.fast
-        if fast is not None and not torch.compiler.is_compiling():
-            _register_fast(out[0], cos.to(x.dtype), sin.to(x.dtype), self.layout or "half", fast[2])
+        out, entry = self.compute(x, position_ids, layer_type, self.fast)
+        if entry is not None:
+            setattr(out[0], _ENTRY, entry)
         return out
+
+    def compute(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: Any,
+                fast: tuple[str, str, str] | None) -> tuple[Any, _FastEntry | None]:
+        """The module's output and, with ``fast`` (and not tracing), what rotates q and k with it."""
+        tables = self._modules["tables"]._modules                       # type: ignore[union-attr]
+        key = str(layer_type)
+        if key not in tables:
+            if len(tables) != 1:
+                raise ValueError(f"layer_type must be one of {sorted(tables)}, got {layer_type!r}")
+            key = next(iter(tables))
+        table: _RotaryTables = tables[key]                               # type: ignore[assignment]
+        if fast is None or _is_compiling():
+            cos, sin = table(position_ids, x.dtype)
+            return _to_format(cos, sin, self.fmt, x.dtype), None
+        layout, backend, dtype = self.layout or "half", fast[2], x.dtype
+        if kernel_possible(backend, x):
+            cos, sin = table(position_ids, dtype)
+            return _to_format(cos, sin, self.fmt, dtype), _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend)
+        widen = self.low.get(dtype) == "float32"
+        if dtype in _LOW and dtype is not torch.float32 and dtype not in self.low:
+            cos, sin = table(position_ids, dtype)                          # the model's own rotation
+            return _to_format(cos, sin, self.fmt, dtype), None
+        got = table.mixed(position_ids, dtype)
+        if got is not None:                                                # the usual call: one gather
+            return (got[0], got[1]), _FastEntry(layout, got[0].shape[-1], got[2], widen)
+        cos, sin = table(position_ids, dtype)
+        cos, sin = cos.to(dtype), sin.to(dtype)
+        with torch.no_grad():
+            rows = mix_rows(cos, sin, layout)                              # (B, S, 2d), in the model's dtype
+        return _to_format(cos, sin, self.fmt, dtype), _FastEntry(layout, 2 * cos.shape[-1], mix_view(rows, layout),
+                                                                 widen)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -450,7 +545,7 @@ class _RotaryAdapter(torch.nn.Module):
 
 
 def _rotary_forward(owner: Any, *args: Any, **kwargs: Any) -> Any:
-    return owner.posenc_rope(*args, **kwargs)
+    return owner._modules["posenc_rope"].forward(*args, **kwargs)    # (an internal module: no hooks to run)
 
 
 def _layer_types(module: torch.nn.Module, config: Any) -> list[str | None]:
@@ -749,43 +844,73 @@ def _check_one_axis(module: torch.nn.Module, where: str, config: Any, dim: int) 
 
 # ---- the rotation of q and k through posenc's engines (backend=) ---------------------------------------------
 
-#: id(cos a patched rotary module returned) -> _FastEntry for it
-_FAST: dict[int, _FastEntry] = {}
+#: The attribute of the cos a patched rotary module returns that holds what rotates q and k with it
+#: (on the tensor itself: it lives exactly as long as that cos, and a layer reads it at once).
+_ENTRY = "_posenc_rotation"
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
 
 
 class _FastEntry:
-    """What rotates q and k for the cos/sin one call of a patched rotary module returned: its narrow
-    ``(B, S, d/2)`` cos and sin, the layout and backend, and, when one row set serves the whole batch
-    and the torch engine rotates, the decode step's factors of those rows (made once per call of the
-    rotary module, for every layer)."""
+    """What rotates q and k as the model's function would with the cos/sin of one call of a patched
+    rotary module: posenc's torch engine, with the factors of :mod:`posenc.kernels.torch_mix` in
+    the model's dtype (widened to float32 with ``widen``, for functions that compute there), broadcast
+    as the model broadcasts cos (``unsqueeze_dim``)."""
 
-    __slots__ = ("ref", "cos", "sin", "layout", "backend", "factors", "dim", "rows")
+    __slots__ = ("layout", "dim", "mix", "by_axis", "widen")
 
-    def __init__(self, cos_out: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 backend: str) -> None:
-        self.ref = None if cos_out is None else weakref.ref(cos_out, _forget(id(cos_out)))
-        self.cos, self.sin, self.layout, self.backend = cos, sin, layout, backend
-        self.factors: tuple[torch.Tensor, ...] | None = None
-        self.dim, self.rows = 2 * cos.shape[-1], cos.shape[1]
-        if cos.shape[0] == 1 and not kernel_possible(backend, cos):    # (the kernel reads cos/sin itself)
-            with torch.no_grad():
-                self.factors = table_factors(cos[0].float(), sin[0].float(), layout)
+    def __init__(self, layout: str, dim: int, mix: torch.Tensor, widen: bool = False) -> None:
+        self.layout, self.dim, self.widen = layout, dim, widen
+        self.mix = mix.float() if widen else mix
+        #: the factors unsqueezed at the model's ``unsqueeze_dim`` (1: q ``(B, H, S, D)``)
+        self.by_axis = {1: self.mix.unsqueeze(1)}
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """q and k rotated, or None when they are not what the entry rotates (the model's own function
+        then runs): the rotary features first in both (a pass-through part may follow)."""
+        dim, layout = self.dim, self.layout
+        width = q.shape[-1]
+        if width != k.shape[-1] or width < dim:
+            return None
+        m = self.by_axis.get(unsqueeze)
+        if m is None:
+            m = self.by_axis[unsqueeze] = self.mix.unsqueeze(unsqueeze)
+        if width == dim:
+            q_out, k_out = rotate_mixed(q, m, layout), rotate_mixed(k, m, layout)
+        else:
+            q_out, k_out = rotate_mixed(q[..., :dim], m, layout), rotate_mixed(k[..., :dim], m, layout)
+        if self.widen:
+            q_out, k_out = q_out.to(q.dtype), k_out.to(k.dtype)          # rounded back once, as the function does
+        if width == dim:
+            return q_out, k_out
+        return torch.cat([q_out, q[..., dim:]], -1), torch.cat([k_out, k[..., dim:]], -1)   # a pass-through part
 
 
-def _forget(key: int) -> Callable[[Any], None]:
-    def forget(_: Any) -> None:
-        _FAST.pop(key, None)
-    return forget
+class _KernelEntry(_FastEntry):
+    """:class:`_FastEntry` for the Triton kernel, which reads the narrow ``(B, S, d/2)`` cos and sin."""
 
+    __slots__ = ("cos", "sin", "backend")
 
-def _register_fast(cos_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, backend: str) -> None:
-    _FAST[id(cos_out)] = _FastEntry(cos_out, cos, sin, layout, backend)
+    def __init__(self, layout: str, cos: torch.Tensor, sin: torch.Tensor, backend: str) -> None:
+        self.layout, self.dim = layout, 2 * cos.shape[-1]
+        self.cos, self.sin, self.backend = cos, sin, backend
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        cos, sin, layout, backend = self.cos, self.sin, self.layout, self.backend
+        if q.dim() != 4 or k.dim() != 4 or q.dtype != cos.dtype or k.dtype != cos.dtype:
+            return None
+        if cos.shape[0] == 1:                             # one row set for the batch: q and k in one call
+            q_out, k_out = apply_rope_qk(q, k, cos[0], sin[0], layout=layout, seq_dim=3 - unsqueeze, backend=backend)
+            return q_out, cast(torch.Tensor, k_out)
+        cos, sin = cos.unsqueeze(unsqueeze), sin.unsqueeze(unsqueeze)         # (B, 1, S, d/2) for (B, H, S, D)
+        return (apply_rope(q, cos, sin, layout=layout, backend=backend),
+                apply_rope(k, cos, sin, layout=layout, backend=backend))
 
 
 class _FastRotate:
     """Stands in for a modeling module's ``apply_rotary_pos_emb(q, k, cos, sin, ..., unsqueeze_dim=1)``:
     posenc's engine for the cos/sin of a patched rotary module with a backend, the model's own function
-    for anything else (another model's cos/sin, traced calls)."""
+    for anything else (another model's cos/sin, traced calls, shapes the entry does not serve)."""
 
     def __init__(self, original: Callable[..., Any]) -> None:
         self.original = original
@@ -793,28 +918,16 @@ class _FastRotate:
         self.signature = inspect.signature(original)
 
     def __call__(self, q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
-        entry = _FAST.get(id(cos))
-        if entry is None or entry.ref is None or entry.ref() is not cos or torch.compiler.is_compiling():
-            return self.original(q, k, cos, sin, *args, **kwargs)
-        unsqueeze = self.signature.bind(q, k, cos, sin, *args, **kwargs).arguments.get(
-            "unsqueeze_dim", 1) if args or kwargs else 1
-        return _fast_qk(q, k, entry, unsqueeze)
-
-
-def _fast_qk(q: torch.Tensor, k: torch.Tensor, entry: _FastEntry, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin, layout, backend = entry.cos, entry.sin, entry.layout, entry.backend
-    if cos.shape[0] == 1 and unsqueeze in (1, 2):        # one row set for the batch: q and k in one call, whose
-        # rows 0 .. S-1 are this step's positions
-        seq_dim = 2 if unsqueeze == 1 else 1
-        if entry.factors is not None and q.dim() == 4 and q.shape[seq_dim] == entry.rows:
-            out = decode_qk(q, k, seq_dim, 0, entry.dim, entry.rows, backend, entry.factors)
-            if out is not None:                           # the torch engine's decode path (prefill too, when small)
-                return out
-        q_out, k_out = apply_rope_qk(q, k, cos[0], sin[0], layout=layout, seq_dim=seq_dim, backend=backend)
-        return q_out, cast(torch.Tensor, k_out)
-    cos, sin = cos.unsqueeze(unsqueeze), sin.unsqueeze(unsqueeze)             # (B, 1, S, d/2) for (B, H, S, D)
-    return apply_rope(q, cos, sin, layout=layout, backend=backend), apply_rope(k, cos, sin, layout=layout,
-                                                                                backend=backend)
+        # (tracing first: the traced graph holds the model's own function)
+        if not _is_compiling() and type(q) is _Tensor and type(k) is _Tensor:
+            entry = getattr(cos, _ENTRY, None)
+            if entry is not None:
+                unsqueeze = 1 if not (args or kwargs) else self.signature.bind(
+                    q, k, cos, sin, *args, **kwargs).arguments.get("unsqueeze_dim", 1)
+                out = entry.rotate(q, k, unsqueeze) if unsqueeze in (1, 2) else None
+                if out is not None:
+                    return out
+        return self.original(q, k, cos, sin, *args, **kwargs)
 
 
 def _install_fast(module_name: str, name: str) -> None:
@@ -841,7 +954,7 @@ def _uninstall_fast(module_name: str, name: str) -> None:
 
 def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
     """Route the model's rotation through posenc's engine where its rotate function is recognised and
-    reproduced on random q and k (float32, within 1e-6 of unit-scale inputs); else leave it (logged)."""
+    reproduced on random q and k (:func:`_verify_fast`); else leave it (logged)."""
     adapter = cast(_RotaryAdapter, plan.submodule[1] if plan.submodule else None)
     module = plan.module
     code = sys.modules.get(type(module).__module__)
@@ -859,6 +972,8 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
     else:
         why = _verify_fast(adapter, fn, backend)
     if why:
+        for table in adapter.tables.values():
+            cast(_RotaryTables, table).enable_mix(adapter.fmt, None)     # only the tables the module returns
         _log.info("patch_model: %s: the model's own code rotates q and k (%s)", where, why)
         return
     module_name = type(module).__module__
@@ -867,28 +982,67 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
 
 
 def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) -> str:
-    table = cast(_RotaryTables, next(iter(adapter.tables.values())))
-    dim = int(table.rope.dim)
-    device = table.cos.device
+    """Why posenc's engine does not stand in for the model's rotate function ``fn``, or "" when it
+    reproduces it on random q and k in float32 (within 1e-5 of unit-scale inputs): every layer type's
+    table rows, rows computed past the table, two batch elements with different positions, and a
+    head wider than the rotary dim (the rest passed through) where the function takes one.
+
+    Then, for bfloat16 and float16, finds how the function computes there: in that dtype, or widened
+    to float32 and rounded back (``adapter.low``); only a way that reproduces it bit for bit is kept,
+    and without one the model's own function rotates in that dtype."""
+    adapter.low = {}
+    tables = [cast(_RotaryTables, t) for t in adapter.tables.values()]
+    promised = [t.assume_valid for t in tables]
+    for t in tables:
+        t.assume_valid = False                               # the probes go past the tables
+    try:
+        why = _reproduces(adapter, fn, backend, torch.float32)
+        if why or kernel_possible(backend, tables[0].cos):
+            return why                                       # (the kernel computes in float32 and rounds once)
+        for dtype in (torch.bfloat16, torch.float16):
+            for mode in ("model", "float32"):
+                adapter.low[dtype] = mode
+                if not _reproduces(adapter, fn, backend, dtype):
+                    break
+                del adapter.low[dtype]
+        return ""
+    finally:
+        for t, p in zip(tables, promised, strict=True):
+            t.assume_valid = p
+
+
+def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, dtype: torch.dtype) -> str:
+    """Why posenc's rotation for ``dtype`` differs from ``fn``'s, or "" (float32: within 1e-5; a
+    lower precision: bit for bit)."""
+    layout = adapter.layout or "half"
     gen = torch.Generator(device="cpu").manual_seed(0)
-    positions = torch.tensor([[0, 1, 2, 700, 5000]], device=device)
-    with torch.no_grad():
-        cos, sin = table(positions, torch.float32)
-        full = _to_format(cos, sin, adapter.fmt, torch.float32)
-        for extra in (0, 8):                                          # the whole head rotated, or a pass-through part
-            q = torch.randn(1, 3, 5, dim + extra, generator=gen).to(device)
-            k = torch.randn(1, 2, 5, dim + extra, generator=gen).to(device)
-            try:
-                want = fn(q, k, *full)
-                got = _fast_qk(q, k, _FastEntry(None, cos, sin, adapter.layout or "half", backend), 1)
-            except Exception as e:                                    # noqa: BLE001 -- reported as the reason
-                if extra:
-                    continue
-                return f"posenc's engine could not take its shapes ({type(e).__name__}: {e})"
-            if extra and not (isinstance(want, tuple) and want[0].shape == q.shape):
-                continue                                              # the function rotates only the rotary part
-            if not all(torch.allclose(g, w, rtol=0, atol=1e-5) for g, w in zip(got, want, strict=True)):
-                return "posenc's engine does not reproduce it on random q and k"
+    fast = ("", "", backend)
+    for layer_type, table in adapter.tables.items():
+        table = cast(_RotaryTables, table)
+        dim, device, rows = int(table.rope.dim), table.cos.device, int(table.cos.shape[0])
+        table.enable_mix(adapter.fmt, layout)
+        inside = torch.tensor([[0, 1, 2, 3, 4], [5, 9, 40, rows - 2, rows - 1]], device=device)
+        past = torch.tensor([[0, 1, 2, 700, 5000], [3, rows, rows + 1, 3 * rows, 7]], device=device)
+        with torch.no_grad():
+            for positions in (inside, past):
+                x = torch.zeros(1, 1, dim, device=device, dtype=dtype)
+                (cos, sin), entry = adapter.compute(x, positions, None if layer_type == "None" else layer_type, fast)
+                for extra in (0, 8):                                  # the whole head rotated, or a pass-through part
+                    q = torch.randn(2, 3, 5, dim + extra, generator=gen).to(device, dtype)
+                    k = torch.randn(2, 2, 5, dim + extra, generator=gen).to(device, dtype)
+                    try:
+                        want = fn(q, k, cos, sin)
+                        got = cast(_FastEntry, entry).rotate(q, k, 1)
+                    except Exception as e:                            # noqa: BLE001 -- reported as the reason
+                        if extra:
+                            continue
+                        return f"posenc's engine could not take its shapes ({type(e).__name__}: {e})"
+                    if extra and not (isinstance(want, tuple) and want[0].shape == q.shape):
+                        continue                                      # the function rotates only the rotary part
+                    if got is None or not all(
+                            (torch.allclose(g, w, rtol=0, atol=1e-5) if dtype == torch.float32 else torch.equal(g, w))
+                            for g, w in zip(got, want, strict=True)):
+                        return "posenc's engine does not reproduce it on random q and k"
     return ""
 
 

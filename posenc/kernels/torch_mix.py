@@ -1,0 +1,57 @@
+"""Rotary embedding as a 2 x 2 mix of each feature pair, for rows that differ per batch element.
+
+Rotating one feature pair ``(x_a, x_b)`` by the angle ``t`` (Su et al., 2021, "RoFormer",
+arXiv:2104.09864, eq. 13) is a 2 x 2 matrix per pair::
+
+    out_a = cos t * x_a - sin t * x_b
+    out_b = sin t * x_a + cos t * x_b
+
+With the matrices of the rows a call needs laid out as factors ``M[..., i, j]`` (output slot
+``i``, input slot ``j``), a rotation is two torch calls for any shape of rows, one row set per
+batch element included (a left-padded batch): a broadcast product of ``x``, its pairs viewed as
+an axis of two, with ``M``, and a sum over the input slot.  With ``M`` in ``x``'s dtype each output
+is ``round(round(x_a c) + round(x_b (-s)))``: the two products and the one addition of
+transformers' ``q * cos + rotate_half(q) * sin`` with the same cos/sin, so the rotation equals the
+model's own bit for bit in float32, bfloat16 and float16 alike (a low-precision product in
+float32 would be slower there, as the promotion costs more than the arithmetic).
+
+The factors are stored as one row of ``4h`` values per position (:func:`mix_rows`), so that a
+table of them is looked up with the same gather as the model's cos/sin, and :func:`mix_view`
+turns the gathered rows into the view :func:`rotate_mixed` multiplies by.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["mix_rows", "mix_view", "rotate_mixed"]
+
+
+def mix_rows(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """The factors ``(..., 4h)`` of narrow ``cos``/``sin`` ``(..., h)`` rows, ``M[i, j]`` (output slot
+    ``i``, input slot ``j``: ``[[cos, -sin], [sin, cos]]``) laid out as :func:`mix_view` reads them:
+    ``(i, j, pair)`` for ``"half"`` (pairs ``k, k + h``), ``(pair, i, j)`` for ``"interleaved"``
+    (pairs ``2k, 2k + 1``)."""
+    m = torch.stack([torch.stack([cos, -sin]), torch.stack([sin, cos])])    # (2 outputs, 2 inputs, ..., h)
+    m = m.movedim((0, 1), (-3, -2)) if layout == "half" else m.movedim((0, 1), (-2, -1))
+    return m.flatten(-3)
+
+
+def mix_view(rows: torch.Tensor, layout: str) -> torch.Tensor:
+    """The factors ``M`` for :func:`rotate_mixed` from :func:`mix_rows` rows ``(..., 4h)`` (a view,
+    so rows may be a strided slice of wider ones): ``(..., 2, 2, h)`` for ``"half"``,
+    ``(..., h, 2, 2)`` for ``"interleaved"``."""
+    h = rows.shape[-1] >> 2
+    return rows.view(*rows.shape[:-1], *((2, 2, h) if layout == "half" else (h, 2, 2)))
+
+
+def rotate_mixed(x: torch.Tensor, m: torch.Tensor, layout: str) -> torch.Tensor:
+    """``x`` ``(..., 2h)`` rotated by the factors ``m`` of :func:`mix_view`, broadcast against ``x``'s
+    leading axes and promoted with it as cos/sin rows would be (``x * cos`` has the dtype of the
+    result)."""
+    h = x.shape[-1] >> 1
+    if layout == "half":
+        y = (x.reshape(*x.shape[:-1], 1, 2, h) * m).sum(-2)
+    else:
+        y = (x.reshape(*x.shape[:-1], h, 1, 2) * m).sum(-1)
+    return y.flatten(-2)
