@@ -37,22 +37,24 @@ def _model_formula(x, cos, sin, layout):
     return x * full_c + turned * full_s
 
 
+@pytest.mark.parametrize("heads", [3, 30])                                 # both ways of adding the two slots
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_the_mix_rotates_each_pair_by_its_angle(layout):
+def test_the_mix_rotates_each_pair_by_its_angle(layout, heads):
     angle = _angles((2, 5, 8))                                             # (B, S, h): other rows per batch element
     cos, sin = torch.cos(angle), torch.sin(angle)
-    x = torch.randn(2, 3, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, heads, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     m = mix_view(mix_rows(cos, sin, layout), layout).unsqueeze(1)           # (B, 1, S, ...) against (B, H, S, D)
     got = rotate_mixed(x, m, layout)
     np.testing.assert_allclose(got.numpy(), _oracle(x, angle[:, None], layout), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [1, 7])                                  # a decode step (a reduction), a prefill
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_the_mix_equals_the_models_formula_bit_for_bit(layout, dtype):
-    angle = _angles((1, 7, 32), seed=2)
+def test_the_mix_equals_the_models_formula_bit_for_bit(layout, dtype, rows):
+    angle = _angles((1, rows, 32), seed=2)
     cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
-    x = torch.randn(1, 7, 4, 64, generator=torch.Generator().manual_seed(3)).to(dtype).transpose(1, 2)  # a view
+    x = torch.randn(1, rows, 4, 64, generator=torch.Generator().manual_seed(3)).to(dtype).transpose(1, 2)  # a view
     m = mix_view(mix_rows(cos, sin, layout), layout).unsqueeze(1)
     got = rotate_mixed(x, m, layout)
     want = _model_formula(x, cos.unsqueeze(1), sin.unsqueeze(1), layout)

@@ -9,7 +9,7 @@ arXiv:2104.09864, eq. 13) is a 2 x 2 matrix per pair::
 With the matrices of the rows a call needs laid out as factors ``M[..., i, j]`` (output slot
 ``i``, input slot ``j``), a rotation is two torch calls for any shape of rows, one row set per
 batch element included (a left-padded batch): a broadcast product of ``x``, its pairs viewed as
-an axis of two, with ``M``, and a sum over the input slot.  With ``M`` in ``x``'s dtype each output
+an axis of two, with ``M``, and the addition of its two input slots.  With ``M`` in ``x``'s dtype each output
 is ``round(round(x_a c) + round(x_b (-s)))``: the two products and the one addition of
 transformers' ``q * cos + rotate_half(q) * sin`` with the same cos/sin, so the rotation equals the
 model's own bit for bit in float32, bfloat16 and float16 alike (a low-precision product in
@@ -25,6 +25,11 @@ from __future__ import annotations
 import torch
 
 __all__ = ["mix_rows", "mix_view", "rotate_mixed"]
+
+#: Up to this many elements of x the two input slots are added by a reduction over their axis (one
+#: call, the least per-call cost); past it by an elementwise addition of the two slots (a reduction
+#: over an axis of two runs several times slower per element).  Both round ``a + b`` once.
+_SUM_MAX = 512
 
 
 def mix_rows(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -51,7 +56,10 @@ def rotate_mixed(x: torch.Tensor, m: torch.Tensor, layout: str) -> torch.Tensor:
     result)."""
     h = x.shape[-1] >> 1
     if layout == "half":
-        y = (x.reshape(*x.shape[:-1], 1, 2, h) * m).sum(-2)
+        both, axis = x.reshape(*x.shape[:-1], 1, 2, h) * m, -2
     else:
-        y = (x.reshape(*x.shape[:-1], h, 1, 2) * m).sum(-1)
-    return y.flatten(-2)
+        both, axis = x.reshape(*x.shape[:-1], h, 1, 2) * m, -1
+    if x.numel() <= _SUM_MAX:
+        return both.sum(axis).flatten(-2)              # a few rows: one reduction call costs least
+    a, b = both.unbind(axis)
+    return torch.add(a, b).flatten(-2)                 # more: an elementwise addition is far cheaper
