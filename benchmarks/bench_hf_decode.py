@@ -1,6 +1,6 @@
 """A Hugging Face model's decode step and prefill with and without posenc's patch, measured in one run (CPU).
 
-    python benchmarks/bench_hf_decode.py [--repeats 5] [--threads 1] [--sizes 256x4,512x4,1024x2]
+    python benchmarks/bench_hf_decode.py [--repeats 15] [--threads 1] [--sizes 256x4,256x16,512x4,1024x2]
                                          [--dtypes float32,bfloat16] [--prefill 256]
 
 For each size (hidden x layers) and dtype builds a random Llama (no download), then times one cached
@@ -8,8 +8,10 @@ decoding step at position 64 (``model(next_token, past_key_values=...)``, the ca
 after each call so every call sees the same length) and a prefill of ``--prefill`` tokens, three
 ways in the same run: unpatched, ``patch_model(model, backend=None)`` (posenc's cos/sin, the
 model's rotation) and ``patch_model(model)`` (the default ``backend="auto"``: the rotation of q and
-k through posenc's engine too).  Prints medians over ``--repeats`` and the ratios patched /
-unpatched per repeat (median, min-max).  With CUDA, ``--device cuda --backend triton`` measures
+k through posenc's engine too).  Each repeat times the three ways one after the other (about
+``--min-time`` seconds each), so that a ratio compares times taken within a second of each other on
+a shared machine; prints the medians over ``--repeats`` and the ratios patched / unpatched per
+repeat (median, and the middle half: 25th-75th percentile).  With CUDA, ``--device cuda --backend triton`` measures
 the Triton kernel instead.
 """
 
@@ -66,11 +68,11 @@ def measure(hidden: int, layers: int, dtype: torch.dtype, args: argparse.Namespa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="256x4,512x4,1024x2", help="hidden x layers, comma-separated")
+    ap.add_argument("--sizes", default="256x4,256x16,512x4,1024x2", help="hidden x layers, comma-separated")
     ap.add_argument("--prefill", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--min-time", type=float, default=0.3)
+    ap.add_argument("--min-time", type=float, default=0.1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
     ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
@@ -92,7 +94,8 @@ def main() -> None:
                 cells = []
                 for variant in VARIANTS[1:]:
                     ratios = [p / u for p, u in zip(by[variant], by["unpatched"], strict=True)]
-                    cells.append(f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})")
+                    low, _, high = statistics.quantiles(ratios, n=4)
+                    cells.append(f"{statistics.median(ratios):.3f}x ({low:.3f}-{high:.3f})")
                 print(f"| {hidden} x {layers} | {name} | {mode} | "
                       + " | ".join(f"{statistics.median(by[v]) * 1e3:.3f}" for v in VARIANTS) + " | "
                       + " | ".join(cells) + " |", flush=True)
