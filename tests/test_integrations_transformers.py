@@ -381,8 +381,19 @@ def test_backend_where_the_rotate_function_is_not_recognised_keeps_the_models_ro
     model = _build("deepseek_v3")                                  # its interleaved path permutes the features
     with caplog.at_level("INFO", logger="posenc"):
         patch_model(model, backend="torch")
-    assert "the model's own code rotates q and k" in caplog.text
+    assert "the model's own attention code rotates q and k in this layout (its rotate function is not " \
+           "apply_rotary_pos_emb(q, k, cos, sin) with full-width cos/sin)" in caplog.text
     assert model.model.rotary_emb.posenc_rope.fast is None
+
+
+def test_the_log_says_who_rotates_q_and_k(caplog):
+    for backend, said in (("auto", "posenc rotates q and k in this layout (the same roundings as the model's own "
+                                   "apply_rotary_pos_emb)"),
+                          (None, "the model's own attention code rotates q and k in this layout (backend=None)")):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="posenc"):
+            patch_model(_build("llama"), backend=backend)
+        assert said in caplog.text
 
 
 def test_backend_must_be_known():

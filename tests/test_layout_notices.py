@@ -291,4 +291,4 @@ def test_patch_model_logs_the_models_layout(info, name, text):
     unpatch_model(model)
     [record] = _records(info, "patch_model:")
     assert record.getMessage().startswith(text), record.getMessage()     # (text: one string or alternatives)
-    assert "its weights are used as they are" in record.getMessage()
+    assert "weights are used as they are" in record.getMessage()

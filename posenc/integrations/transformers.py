@@ -496,6 +496,8 @@ class _RotaryAdapter(torch.nn.Module):
         self.layout_source = ""
         #: (modeling module name, function name, backend) when the rotation is routed through posenc
         self.fast: tuple[str, str, str] | None = None
+        #: why the model's own code rotates q and k (for the log), when it does
+        self.why_not_fast = "backend=None"
         #: how the model's rotate function computes in bfloat16 / float16, found at patch time:
         #: "model" (in that dtype) or "float32" (widened, then rounded back); absent: its own code runs
         self.low: dict[torch.dtype, str] = {}
@@ -974,7 +976,7 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
     if why:
         for table in adapter.tables.values():
             cast(_RotaryTables, table).enable_mix(adapter.fmt, None)     # only the tables the module returns
-        _log.info("patch_model: %s: the model's own code rotates q and k (%s)", where, why)
+        adapter.why_not_fast = why                                       # (said in patch_model's log record)
         return
     module_name = type(module).__module__
     adapter.fast = (module_name, name, backend)
@@ -1377,10 +1379,19 @@ def _log_plans(model: torch.nn.Module, plans: list[_Plan]) -> None:
                 layout = code_layout
                 reason = (f"the model's own {source} pairs " +
                           ("adjacent features (2i, 2i + 1)" if layout == "interleaved" else "features (i, i + d/2)"))
+        routed = [a for a in generic if a.fast is not None]
+        if generic and len(routed) == len(adapters):
+            rotation = ("posenc rotates q and k in this layout (the same roundings as the model's own "
+                        f"{routed[0].fast[1]})")
+        else:
+            whys = sorted({a.why_not_fast for a in generic if a.fast is None})
+            rotation = ("the model's own attention code rotates q and k in this layout" +
+                        (f" ({'; '.join(whys)})" if whys else "") +
+                        (f", except in {_modules(len(routed), 'rotary module')} posenc reproduces" if routed else ""))
         _log.info(
-            "patch_model: %s: layout=%r (%s); posenc now supplies %s, the model's own attention code rotates q and k "
-            "in this layout and its weights are used as they are; %s",
-            type(model).__name__, layout, reason, what, core_hf_config.conversion_hint(layout),
+            "patch_model: %s: layout=%r (%s); posenc now supplies %s, %s, and the model's weights are used as they "
+            "are; %s",
+            type(model).__name__, layout, reason, what, rotation, core_hf_config.conversion_hint(layout),
         )
     others = [p for p in plans if p.kind not in ("rotary", "mrope")]
     if others:
