@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from posenc.integrations.transformers import patch_model, rotation_layout, unpatch_model  # noqa: E402
+from posenc.integrations.transformers import patch_model, patched, rotation_layout, unpatch_model  # noqa: E402
 from tests import hf_zoo  # noqa: E402
 
 SAMPLE = {
@@ -86,6 +86,25 @@ def test_the_layout_found_is_the_one_the_models_rotate_function_uses(model_type)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     if model_type == "llama4":
         assert layout == "interleaved"                                          # complex pairs (2i, 2i + 1)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "nanochat", "openai_privacy_filter", "gpt_oss", "glm4_moe_lite",
+                                        "mistral_large4"])
+def test_posenc_rotates_q_and_k_bit_for_bit_as_the_models_own_function(model_type):
+    """Each way of mixing the pairs the self-check can pick, on a model of the installed transformers:
+    half-split pairs (Llama), the rotation the other way round (NanoChat's rotate_half), half-width
+    cos/sin in interleaved pairs (the privacy filter) and half-split (gpt-oss), pairs de-interleaved
+    before a half-split rotation (the DeepSeek-V3 family's latent attention).  posenc rotates q and k
+    (the default backend) and the outputs equal, to the bit, the model rotating posenc's cos/sin
+    itself (backend=None)."""
+    model = hf_zoo.build(model_type)
+    with patched(model, backend=None):
+        want = hf_zoo.run(model)
+    with patched(model):
+        assert hf_zoo.layouts(model)["rotation"] == ["posenc"]
+        got = hf_zoo.run(model)
+    assert torch.equal(got[0], want[0]) and got[2] == want[2]
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
 
 
 def test_a_module_whose_output_disagrees_is_refused_and_the_model_untouched():

@@ -292,7 +292,7 @@ def test_backend_routes_the_rotation_through_posenc_and_keeps_parity(name, monke
     torch.testing.assert_close(_greedy(model, ids, 8)[0], ref_logits, rtol=0, atol=0)
 
 
-ROUTED = ["llama", "llama-dynamic", "qwen2-yarn", "gemma3", "phi3-longrope", "gpt_neox", "cohere", "glm"]
+ROUTED = ["llama", "llama-dynamic", "qwen2-yarn", "gemma3", "phi3-longrope", "gpt_neox", "cohere", "glm", "deepseek_v3"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -301,8 +301,9 @@ def test_the_default_rotation_equals_the_models_own_rotation_bit_for_bit(name, d
     """patch_model's default (backend="auto", posenc's torch engine on CPU) rotates q and k with the
     same products and additions as the model's own function: the logits of a prefill and 8 cached
     steps equal, to the bit, those of the model rotating posenc's cos/sin itself (backend=None).
-    The families cover half and interleaved pairs, a rotary part narrower than the head (GPT-NeoX,
-    GLM), a length-dependent rule computed per call (dynamic NTK) and per-layer-type tables."""
+    The families cover half and interleaved pairs, pairs de-interleaved on the way (DeepSeek-V3's
+    latent attention), a rotary part narrower than the head (GPT-NeoX, GLM), a length-dependent rule
+    computed per call (dynamic NTK) and per-layer-type tables."""
     model = _build(name).to(dtype)
     ids = torch.randint(1, 96, (2, 30), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
@@ -378,12 +379,12 @@ def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
 
 
 def test_backend_where_the_rotate_function_is_not_recognised_keeps_the_models_rotation(caplog):
-    model = _build("deepseek_v3")                                  # its interleaved path permutes the features
+    model = _build("gptj")                                         # apply_rotary_pos_emb(tensor, sin, cos)
     with caplog.at_level("INFO", logger="posenc"):
         patch_model(model, backend="torch")
-    assert "the model's own attention code rotates q and k in this layout (its rotate function is not " \
-           "apply_rotary_pos_emb(q, k, cos, sin) with full-width cos/sin)" in caplog.text
-    assert model.model.rotary_emb.posenc_rope.fast is None
+    assert "the model's own attention code rotates q and k in this layout (its rotate function does not take " \
+           "real cos/sin (q, k, cos, sin))" in caplog.text
+    assert model.transformer.rotary_emb.posenc_rope.fast is None
 
 
 def test_the_log_says_who_rotates_q_and_k(caplog):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc.kernels.torch_mix import mix_rows, mix_view, rotate_mixed
+from posenc.kernels.torch_mix import MIX_LAYOUTS, mix_rows, mix_view, rotate_mixed
 
 
 def _angles(shape, seed=0):
@@ -21,13 +21,17 @@ def _oracle(x, angle, layout):
     a, b = (x[..., :h], x[..., h:]) if layout == "half" else (x[..., 0::2], x[..., 1::2])
     c, s = np.cos(angle), np.sin(angle)
     out_a, out_b = a * c - b * s, a * s + b * c
-    return np.concatenate([out_a, out_b], -1) if layout == "half" else np.stack([out_a, out_b], -1).reshape(
-        out_a.shape[:-1] + (2 * h,))
+    if layout == "interleaved":
+        return np.stack([out_a, out_b], -1).reshape(out_a.shape[:-1] + (2 * h,))
+    return np.concatenate([out_a, out_b], -1)                  # half, and interleaved_to_half (written half-split)
 
 
 def _model_formula(x, cos, sin, layout):
     """transformers' rotation with full-width cos/sin in x's dtype (rotate_half, or its interleaved twin)."""
     h = x.shape[-1] // 2
+    if layout == "interleaved_to_half":                    # DeepSeek-V3: de-interleave, then rotate half-split
+        x = x.reshape(*x.shape[:-1], h, 2).transpose(-1, -2).reshape(x.shape)
+        layout = "half"
     if layout == "half":
         full_c, full_s = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
         turned = torch.cat([-x[..., h:], x[..., :h]], -1)
@@ -38,7 +42,7 @@ def _model_formula(x, cos, sin, layout):
 
 
 @pytest.mark.parametrize("heads", [3, 30])                                 # both ways of adding the two slots
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("layout", MIX_LAYOUTS)
 def test_the_mix_rotates_each_pair_by_its_angle(layout, heads):
     angle = _angles((2, 5, 8))                                             # (B, S, h): other rows per batch element
     cos, sin = torch.cos(angle), torch.sin(angle)
@@ -50,7 +54,7 @@ def test_the_mix_rotates_each_pair_by_its_angle(layout, heads):
 
 @pytest.mark.parametrize("rows", [1, 7])                                  # a decode step (a reduction), a prefill
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("layout", MIX_LAYOUTS)
 def test_the_mix_equals_the_models_formula_bit_for_bit(layout, dtype, rows):
     angle = _angles((1, rows, 32), seed=2)
     cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)

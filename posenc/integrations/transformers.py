@@ -395,21 +395,23 @@ class _RotaryTables(TableModule):
         self.register_buffer("cos", rope.cos_table.contiguous(), persistent=False)
         self.register_buffer("sin", rope.sin_table.contiguous(), persistent=False)
         self.register_buffer("mix", None, persistent=False)
-        self.mix_format: tuple[str, str] | None = None
+        self.mix_format: tuple[str, str, int] | None = None
         #: plain attributes (read per call without the module's attribute lookup)
-        self.rows, self.length_dependent = int(self.cos.shape[0]), bool(rope.length_dependent)
+        self.rows, self.length_dependent, self.dim = int(self.cos.shape[0]), bool(rope.length_dependent), rope.dim
         self.split = (rope.dim, rope.dim, 2 * rope.dim)
 
-    def enable_mix(self, fmt: str, layout: str | None) -> None:
-        """Build ``mix`` for a module returning cos/sin in ``fmt`` whose model rotates pairs ``layout``;
+    def enable_mix(self, fmt: str, layout: str | None, sign: int = 1) -> None:
+        """Build ``mix`` for a module returning cos/sin in ``fmt`` whose model mixes pairs as ``layout``
+        (:data:`posenc.kernels.torch_mix.MIX_LAYOUTS`), rotating by ``sign`` times the angle;
         ``layout=None`` drops it."""
-        self.mix_format = None if layout is None else (fmt, layout)
+        self.mix_format = None if layout is None else (fmt, layout, sign)
         if layout is None:
             self.mix = None
             return
         with torch.no_grad():
-            self.mix = torch.cat([*_to_format(self.cos, self.sin, fmt, torch.float32),
-                                  mix_rows(self.cos, self.sin, layout)], -1)
+            cos, sin = _to_format(self.cos, self.sin, fmt, torch.float32)
+            self.split = (cos.shape[-1], sin.shape[-1], 2 * self.dim)
+            self.mix = torch.cat([cos, sin, mix_rows(self.cos, sign * self.sin, layout)], -1)
 
     def reset_buffers(self) -> None:
         """Rebuild the tables in place (after ``to_empty``)."""
@@ -498,6 +500,9 @@ class _RotaryAdapter(torch.nn.Module):
         self.fast: tuple[str, str, str] | None = None
         #: why the model's own code rotates q and k (for the log), when it does
         self.why_not_fast = "backend=None"
+        #: how posenc mixes the pairs where it rotates (found at patch time): the layout of
+        #: :mod:`posenc.kernels.torch_mix` and the direction of the rotation (-1: by minus the angle)
+        self.mix_layout, self.sign = "half", 1
         #: how the model's rotate function computes in bfloat16 / float16, found at patch time:
         #: "model" (in that dtype) or "float32" (widened, then rounded back); absent: its own code runs
         self.low: dict[torch.dtype, str] = {}
@@ -521,23 +526,23 @@ class _RotaryAdapter(torch.nn.Module):
         if fast is None or _is_compiling():
             cos, sin = table(position_ids, x.dtype)
             return _to_format(cos, sin, self.fmt, x.dtype), None
-        layout, backend, dtype = self.layout or "half", fast[2], x.dtype
+        backend, dtype = fast[2], x.dtype
         if kernel_possible(backend, x):
+            layout = self.layout or "half"
             cos, sin = table(position_ids, dtype)
             return _to_format(cos, sin, self.fmt, dtype), _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend)
-        widen = self.low.get(dtype) == "float32"
+        widen, layout = self.low.get(dtype) == "float32", self.mix_layout
         if dtype in _LOW and dtype is not torch.float32 and dtype not in self.low:
             cos, sin = table(position_ids, dtype)                          # the model's own rotation
             return _to_format(cos, sin, self.fmt, dtype), None
         got = table.mixed(position_ids, dtype)
         if got is not None:                                                # the usual call: one gather
-            return (got[0], got[1]), _FastEntry(layout, got[0].shape[-1], got[2], widen)
+            return (got[0], got[1]), _FastEntry(layout, table.dim, got[2], widen)
         cos, sin = table(position_ids, dtype)
         cos, sin = cos.to(dtype), sin.to(dtype)
         with torch.no_grad():
-            rows = mix_rows(cos, sin, layout)                              # (B, S, 2d), in the model's dtype
-        return _to_format(cos, sin, self.fmt, dtype), _FastEntry(layout, 2 * cos.shape[-1], mix_view(rows, layout),
-                                                                 widen)
+            rows = mix_rows(cos, sin if self.sign > 0 else -sin, layout)    # (B, S, 2d), in the model's dtype
+        return _to_format(cos, sin, self.fmt, dtype), _FastEntry(layout, table.dim, mix_view(rows, layout), widen)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -960,15 +965,15 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
     adapter = cast(_RotaryAdapter, plan.submodule[1] if plan.submodule else None)
     module = plan.module
     code = sys.modules.get(type(module).__module__)
-    name = "apply_rotary_pos_emb"
-    fn = getattr(code, name, None)
+    name = adapter.layout_source
+    fn = getattr(code, name, None) if name in _ROTATE_FUNCTIONS else None
     if isinstance(fn, _FastRotate):
         fn = fn.original
     why = ""
     if code is None:
         why = "its modeling code is not loaded"
-    elif adapter.fmt not in ("half", "pairs") or adapter.layout is None or adapter.layout_source != name:
-        why = f"its rotate function is not {name}(q, k, cos, sin) with full-width cos/sin"
+    elif adapter.fmt not in ("half", "pairs", "narrow") or adapter.layout is None or fn is None:
+        why = "its rotate function does not take real cos/sin (q, k, cos, sin)"
     elif not callable(fn) or list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]:
         why = f"{name} does not take (q, k, cos, sin)"
     else:
@@ -998,7 +1003,13 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
     for t in tables:
         t.assume_valid = False                               # the probes go past the tables
     try:
-        why = _reproduces(adapter, fn, backend, torch.float32)
+        # the ways of mixing the pairs the layout found allows, either direction of rotation
+        ways = [("half", 1), ("half", -1)] if adapter.layout == "half" else \
+            [("interleaved", 1), ("interleaved_to_half", 1), ("interleaved", -1), ("interleaved_to_half", -1)]
+        for adapter.mix_layout, adapter.sign in ways:
+            why = _reproduces(adapter, fn, backend, torch.float32)
+            if not why:
+                break
         if why or kernel_possible(backend, tables[0].cos):
             return why                                       # (the kernel computes in float32 and rounds once)
         for dtype in (torch.bfloat16, torch.float16):
@@ -1016,13 +1027,12 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
 def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, dtype: torch.dtype) -> str:
     """Why posenc's rotation for ``dtype`` differs from ``fn``'s, or "" (float32: within 1e-5; a
     lower precision: bit for bit)."""
-    layout = adapter.layout or "half"
     gen = torch.Generator(device="cpu").manual_seed(0)
     fast = ("", "", backend)
     for layer_type, table in adapter.tables.items():
         table = cast(_RotaryTables, table)
         dim, device, rows = int(table.rope.dim), table.cos.device, int(table.cos.shape[0])
-        table.enable_mix(adapter.fmt, layout)
+        table.enable_mix(adapter.fmt, adapter.mix_layout, adapter.sign)
         inside = torch.tensor([[0, 1, 2, 3, 4], [5, 9, 40, rows - 2, rows - 1]], device=device)
         past = torch.tensor([[0, 1, 2, 700, 5000], [3, rows, rows + 1, 3 * rows, 7]], device=device)
         with torch.no_grad():

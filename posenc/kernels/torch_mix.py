@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["mix_rows", "mix_view", "rotate_mixed"]
+__all__ = ["MIX_LAYOUTS", "mix_rows", "mix_view", "rotate_mixed"]
 
 #: Up to this many elements of x the two input slots are added by a reduction over their axis (one
 #: call, the least per-call cost); past it by an elementwise addition of the two slots (a reduction
@@ -32,22 +32,30 @@ __all__ = ["mix_rows", "mix_view", "rotate_mixed"]
 _SUM_MAX = 512
 
 
+#: The pair layouts a mix reads and writes: per layout, how ``x`` ``(..., 2h)`` is viewed (``j``: the
+#: input slot, ``i``: a new axis for the output slot), the factors' axes, and the axis summed over.
+#: ``"half"``: pairs ``(k, k + h)``; ``"interleaved"``: pairs ``(2k, 2k + 1)``; ``"interleaved_to_half"``:
+#: pairs read at ``(2k, 2k + 1)`` and written to ``(k, k + h)`` (the models that de-interleave their
+#: features before a half-split rotation, as DeepSeek-V3's multi-head latent attention does).
+MIX_LAYOUTS = ("half", "interleaved", "interleaved_to_half")
+
+
 def mix_rows(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
     """The factors ``(..., 4h)`` of narrow ``cos``/``sin`` ``(..., h)`` rows, ``M[i, j]`` (output slot
     ``i``, input slot ``j``: ``[[cos, -sin], [sin, cos]]``) laid out as :func:`mix_view` reads them:
-    ``(i, j, pair)`` for ``"half"`` (pairs ``k, k + h``), ``(pair, i, j)`` for ``"interleaved"``
-    (pairs ``2k, 2k + 1``)."""
+    ``(i, j, pair)`` for ``"half"``, ``(pair, i, j)`` for ``"interleaved"``, ``(i, pair, j)`` for
+    ``"interleaved_to_half"``.  (A rotation the other way round takes ``-sin``.)"""
     m = torch.stack([torch.stack([cos, -sin]), torch.stack([sin, cos])])    # (2 outputs, 2 inputs, ..., h)
-    m = m.movedim((0, 1), (-3, -2)) if layout == "half" else m.movedim((0, 1), (-2, -1))
+    m = m.movedim((0, 1), _FACTOR_AXES[layout])
     return m.flatten(-3)
 
 
 def mix_view(rows: torch.Tensor, layout: str) -> torch.Tensor:
     """The factors ``M`` for :func:`rotate_mixed` from :func:`mix_rows` rows ``(..., 4h)`` (a view,
     so rows may be a strided slice of wider ones): ``(..., 2, 2, h)`` for ``"half"``,
-    ``(..., h, 2, 2)`` for ``"interleaved"``."""
+    ``(..., h, 2, 2)`` for ``"interleaved"``, ``(..., 2, h, 2)`` for ``"interleaved_to_half"``."""
     h = rows.shape[-1] >> 2
-    return rows.view(*rows.shape[:-1], *((2, 2, h) if layout == "half" else (h, 2, 2)))
+    return rows.view(*rows.shape[:-1], *_VIEW[layout](h))
 
 
 def rotate_mixed(x: torch.Tensor, m: torch.Tensor, layout: str) -> torch.Tensor:
@@ -57,9 +65,16 @@ def rotate_mixed(x: torch.Tensor, m: torch.Tensor, layout: str) -> torch.Tensor:
     h = x.shape[-1] >> 1
     if layout == "half":
         both, axis = x.reshape(*x.shape[:-1], 1, 2, h) * m, -2
-    else:
+    elif layout == "interleaved":
         both, axis = x.reshape(*x.shape[:-1], h, 1, 2) * m, -1
+    else:
+        both, axis = x.reshape(*x.shape[:-1], 1, h, 2) * m, -1
     if x.numel() <= _SUM_MAX:
         return both.sum(axis).flatten(-2)              # a few rows: one reduction call costs least
     a, b = both.unbind(axis)
     return torch.add(a, b).flatten(-2)                 # more: an elementwise addition is far cheaper
+
+
+#: where mix_rows moves the (output, input) axes, and the factors' trailing shape, per layout
+_FACTOR_AXES = {"half": (-3, -2), "interleaved": (-2, -1), "interleaved_to_half": (-3, -1)}
+_VIEW = {"half": lambda h: (2, 2, h), "interleaved": lambda h: (h, 2, 2), "interleaved_to_half": lambda h: (2, h, 2)}
