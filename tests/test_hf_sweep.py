@@ -89,12 +89,13 @@ def test_the_layout_found_is_the_one_the_models_rotate_function_uses(model_type)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "nanochat", "openai_privacy_filter", "gpt_oss", "glm4_moe_lite",
-                                        "mistral_large4"])
+                                        "mistral_large4", "gemma4_text"])
 def test_posenc_rotates_q_and_k_bit_for_bit_as_the_models_own_function(model_type):
     """Each way of mixing the pairs the self-check can pick, on a model of the installed transformers:
     half-split pairs (Llama), the rotation the other way round (NanoChat's rotate_half), half-width
     cos/sin in interleaved pairs (the privacy filter) and half-split (gpt-oss), pairs de-interleaved
-    before a half-split rotation (the DeepSeek-V3 family's latent attention).  posenc rotates q and k
+    before a half-split rotation (the DeepSeek-V3 family's latent attention), and a function that takes
+    one tensor at a time (Gemma 4, whose full-attention layers rotate some pairs by zero).  posenc rotates q and k
     (the default backend) and the outputs equal, to the bit, the model rotating posenc's cos/sin
     itself (backend=None)."""
     model = hf_zoo.build(model_type)

@@ -382,8 +382,8 @@ def test_backend_where_the_rotate_function_is_not_recognised_keeps_the_models_ro
     model = _build("gptj")                                         # apply_rotary_pos_emb(tensor, sin, cos)
     with caplog.at_level("INFO", logger="posenc"):
         patch_model(model, backend="torch")
-    assert "the model's own attention code rotates q and k in this layout (its rotate function does not take " \
-           "real cos/sin (q, k, cos, sin))" in caplog.text
+    assert "the model's own attention code rotates q and k in this layout (its rotate function takes neither " \
+           "(q, k, cos, sin) nor (x, cos, sin) with real cos/sin)" in caplog.text
     assert model.transformer.rotary_emb.posenc_rope.fast is None
 
 

@@ -816,11 +816,13 @@ def _pairs(rotated: torch.Tensor) -> str | None:
     if not rows:
         return None
     partner = {j: int(mixed[j].abs().argmax()) for j in rows}
-    rot = len(rows)
+    rot, width = len(rows), mixed.shape[0]
     if all(partner[j] == j ^ 1 for j in rows):
         return "interleaved"
     if all(partner[j] == (j + rot // 2) % rot for j in rows):
-        return "half"
+        return "half"                                 # the first rot features rotate (a partial rotary dim)
+    if all(partner[j] == (j + width // 2) % width for j in rows):
+        return "half"                                 # pairs across the whole head, some of zero frequency
     return None
 
 
@@ -875,22 +877,27 @@ class _FastEntry:
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """q and k rotated, or None when they are not what the entry rotates (the model's own function
         then runs): the rotary features first in both (a pass-through part may follow)."""
-        dim, layout = self.dim, self.layout
-        width = q.shape[-1]
-        if width != k.shape[-1] or width < dim:
+        dim = self.dim
+        if q.shape[-1] == dim == k.shape[-1] and not self.widen:    # the usual call, in the fewest steps
+            m = self.by_axis.get(unsqueeze)
+            if m is None:
+                m = self.by_axis[unsqueeze] = self.mix.unsqueeze(unsqueeze)
+            return rotate_mixed(q, m, self.layout), rotate_mixed(k, m, self.layout)
+        q_out, k_out = self.rotate_one(q, unsqueeze), self.rotate_one(k, unsqueeze)
+        return None if q_out is None or k_out is None else (q_out, k_out)
+
+    def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
+        """One tensor rotated (for functions that take one at a time), or None (see :meth:`rotate`)."""
+        dim = self.dim
+        if x.shape[-1] < dim:
             return None
         m = self.by_axis.get(unsqueeze)
         if m is None:
             m = self.by_axis[unsqueeze] = self.mix.unsqueeze(unsqueeze)
-        if width == dim:
-            q_out, k_out = rotate_mixed(q, m, layout), rotate_mixed(k, m, layout)
-        else:
-            q_out, k_out = rotate_mixed(q[..., :dim], m, layout), rotate_mixed(k[..., :dim], m, layout)
+        out = rotate_mixed(x if x.shape[-1] == dim else x[..., :dim], m, self.layout)
         if self.widen:
-            q_out, k_out = q_out.to(q.dtype), k_out.to(k.dtype)          # rounded back once, as the function does
-        if width == dim:
-            return q_out, k_out
-        return torch.cat([q_out, q[..., dim:]], -1), torch.cat([k_out, k[..., dim:]], -1)   # a pass-through part
+            out = out.to(x.dtype)                                    # rounded back once, as the function does
+        return out if x.shape[-1] == dim else torch.cat([out, x[..., dim:]], -1)   # a pass-through part
 
 
 class _KernelEntry(_FastEntry):
@@ -901,6 +908,12 @@ class _KernelEntry(_FastEntry):
     def __init__(self, layout: str, cos: torch.Tensor, sin: torch.Tensor, backend: str) -> None:
         self.layout, self.dim = layout, 2 * cos.shape[-1]
         self.cos, self.sin, self.backend = cos, sin, backend
+
+    def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
+        if x.dtype != self.cos.dtype:
+            return None
+        cos, sin = self.cos.unsqueeze(unsqueeze), self.sin.unsqueeze(unsqueeze)
+        return apply_rope(x, cos, sin, layout=self.layout, backend=self.backend)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         cos, sin, layout, backend = self.cos, self.sin, self.layout, self.backend
@@ -919,6 +932,11 @@ class _FastRotate:
     posenc's engine for the cos/sin of a patched rotary module with a backend, the model's own function
     for anything else (another model's cos/sin, traced calls, shapes the entry does not serve)."""
 
+    def __new__(cls, original: Callable[..., Any]) -> _FastRotate:
+        if cls is _FastRotate and _takes_one(original):
+            cls = _FastRotateOne                                   # (x, cos, sin, ...): one tensor at a time
+        return super().__new__(cls)
+
     def __init__(self, original: Callable[..., Any]) -> None:
         self.original = original
         self.users = 0
@@ -935,6 +953,26 @@ class _FastRotate:
                 if out is not None:
                     return out
         return self.original(q, k, cos, sin, *args, **kwargs)
+
+
+class _FastRotateOne(_FastRotate):
+    """:class:`_FastRotate` for a function that rotates one tensor, ``(x, cos, sin, ..., unsqueeze_dim=1)``."""
+
+    def __call__(self, x: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if not _is_compiling() and type(x) is _Tensor:
+            entry = getattr(cos, _ENTRY, None)
+            if entry is not None:
+                unsqueeze = 1 if not (args or kwargs) else self.signature.bind(
+                    x, cos, sin, *args, **kwargs).arguments.get("unsqueeze_dim", 1)
+                out = entry.rotate_one(x, unsqueeze) if unsqueeze in (1, 2) else None
+                if out is not None:
+                    return out
+        return self.original(x, cos, sin, *args, **kwargs)
+
+
+def _takes_one(fn: Callable[..., Any]) -> bool:
+    """Whether a rotate function takes one tensor, ``(x, cos, sin, ...)``, rather than ``(q, k, cos, sin, ...)``."""
+    return list(inspect.signature(fn).parameters)[:3] == ["x", "cos", "sin"]
 
 
 def _install_fast(module_name: str, name: str) -> None:
@@ -973,9 +1011,10 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
     if code is None:
         why = "its modeling code is not loaded"
     elif adapter.fmt not in ("half", "pairs", "narrow") or adapter.layout is None or fn is None:
-        why = "its rotate function does not take real cos/sin (q, k, cos, sin)"
-    elif not callable(fn) or list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]:
-        why = f"{name} does not take (q, k, cos, sin)"
+        why = "its rotate function takes neither (q, k, cos, sin) nor (x, cos, sin) with real cos/sin"
+    elif not callable(fn) or (list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]
+                              and not _takes_one(fn)):
+        why = f"{name} does not take (q, k, cos, sin) or (x, cos, sin)"
     else:
         why = _verify_fast(adapter, fn, backend)
     if why:
@@ -1043,8 +1082,13 @@ def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, d
                     q = torch.randn(2, 3, 5, dim + extra, generator=gen).to(device, dtype)
                     k = torch.randn(2, 2, 5, dim + extra, generator=gen).to(device, dtype)
                     try:
-                        want = fn(q, k, cos, sin)
-                        got = cast(_FastEntry, entry).rotate(q, k, 1)
+                        if _takes_one(fn):
+                            want = fn(q, cos, sin), fn(k, cos, sin)
+                            one = cast(_FastEntry, entry).rotate_one
+                            got = None if (a := one(q, 1)) is None or (b := one(k, 1)) is None else (a, b)
+                        else:
+                            want = fn(q, k, cos, sin)
+                            got = cast(_FastEntry, entry).rotate(q, k, 1)
                     except Exception as e:                            # noqa: BLE001 -- reported as the reason
                         if extra:
                             continue
