@@ -197,14 +197,15 @@ def patch_model(model: torch.nn.Module, *, backend: str | None = "auto", assume_
     Args:
         model: a loaded transformers model (any head, or a submodel such as ``model.model``).
         backend: ``"auto"`` (the default), ``"torch"`` or ``"triton"``: where the model's rotate
-            function (``apply_rotary_pos_emb(q, k, cos, sin)`` of its modeling code) is recognised
-            and, on random q and k, reproduced by posenc's engine within float32 rounding, that
-            function rotates q and k with posenc's engine for the cos/sin of patched models: the
-            torch engine (the same roundings as the model's code, in fewer calls), or with
-            ``"triton"`` (``"auto"`` on CUDA with Triton) posenc's Triton kernel.  Calls with other
-            cos/sin, and traced calls under ``torch.compile``, run the model's own function; where
-            the function is not recognised, cos/sin only (logged at INFO).  ``None``: posenc
-            supplies cos/sin and the model's own code always rotates q and k.
+            function (``apply_rotary_pos_emb(q, k, cos, sin)``, or one that takes ``(x, cos, sin)``,
+            of its modeling code) is recognised and reproduced by posenc's engine on random q and k,
+            that function rotates q and k with posenc's engine for the cos/sin of patched models:
+            the torch engine (checked to give the model's own results bit for bit, in fewer
+            calls), or with ``"triton"`` (``"auto"`` on CUDA with Triton) posenc's Triton kernel
+            (checked within 1e-5 in float32).  Calls with other cos/sin, and traced calls under
+            ``torch.compile``, run the model's own function; where the function is not recognised,
+            cos/sin only (logged at INFO).  ``None``: posenc supplies cos/sin and the model's own
+            code always rotates q and k.
         assume_valid: for RoPE models, promise that every position lies below the rotary tables'
             rows (``min(max_position_embeddings, 16384)``) and that no length-dependent rule needs
             the current length: cos/sin are then looked up without reading the positions back
@@ -1029,9 +1030,10 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
 
 def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) -> str:
     """Why posenc's engine does not stand in for the model's rotate function ``fn``, or "" when it
-    reproduces it on random q and k in float32 (within 1e-5 of unit-scale inputs): every layer type's
-    table rows, rows computed past the table, two batch elements with different positions, and a
-    head wider than the rotary dim (the rest passed through) where the function takes one.
+    reproduces it on random q and k in float32 (:func:`_reproduces`: bit for bit with the torch
+    engine): every layer type's table rows, rows computed past the table, two batch elements with
+    different positions, and a head wider than the rotary dim (the rest passed through) where the
+    function takes one.
 
     Then, for bfloat16 and float16, finds how the function computes there: in that dtype, or widened
     to float32 and rounded back (``adapter.low``); only a way that reproduces it bit for bit is kept,
@@ -1064,10 +1066,12 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
 
 
 def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, dtype: torch.dtype) -> str:
-    """Why posenc's rotation for ``dtype`` differs from ``fn``'s, or "" (float32: within 1e-5; a
-    lower precision: bit for bit)."""
+    """Why posenc's rotation for ``dtype`` differs from ``fn``'s, or "": bit for bit with the torch
+    engine (the same products and additions), within 1e-5 with the Triton kernel (float32 only:
+    it computes in float32 and rounds once)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     fast = ("", "", backend)
+    exact = not kernel_possible(backend, cast(_RotaryTables, next(iter(adapter.tables.values()))).cos)
     for layer_type, table in adapter.tables.items():
         table = cast(_RotaryTables, table)
         dim, device, rows = int(table.rope.dim), table.cos.device, int(table.cos.shape[0])
@@ -1095,10 +1099,10 @@ def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, d
                         return f"posenc's engine could not take its shapes ({type(e).__name__}: {e})"
                     if extra and not (isinstance(want, tuple) and want[0].shape == q.shape):
                         continue                                      # the function rotates only the rotary part
-                    if got is None or not all(
-                            (torch.allclose(g, w, rtol=0, atol=1e-5) if dtype == torch.float32 else torch.equal(g, w))
-                            for g, w in zip(got, want, strict=True)):
-                        return "posenc's engine does not reproduce it on random q and k"
+                    if got is None or not all(torch.equal(g, w) if exact else torch.allclose(g, w, rtol=0, atol=1e-5)
+                                              for g, w in zip(got, want, strict=True)):
+                        return "posenc's engine does not reproduce it " + ("bit for bit " if exact else "") + \
+                            "on random q and k"
     return ""
 
 
