@@ -387,6 +387,25 @@ def test_backend_where_the_rotate_function_is_not_recognised_keeps_the_models_ro
     assert model.transformer.rotary_emb.posenc_rope.fast is None
 
 
+def test_a_rotate_function_posenc_matches_only_to_rounding_keeps_its_own_rotation(monkeypatch):
+    """The self-check asks for the model's own results bit for bit: a function that rotates the same
+    pairs by the same angles but rounds differently (here in float64) keeps its own rotation."""
+    from transformers.models.llama import modeling_llama
+
+    def in_float64(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim).double(), sin.unsqueeze(unsqueeze_dim).double()
+        turn = modeling_llama.rotate_half
+        return ((q.double() * cos + turn(q.double()) * sin).to(q.dtype),
+                (k.double() * cos + turn(k.double()) * sin).to(k.dtype))
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", in_float64)
+    model = patch_model(_build("llama"))
+    adapter = model.model.rotary_emb.posenc_rope
+    assert adapter.fast is None
+    assert adapter.why_not_fast == "posenc's engine does not reproduce it bit for bit on random q and k"
+    assert modeling_llama.apply_rotary_pos_emb is in_float64
+
+
 def test_the_log_says_who_rotates_q_and_k(caplog):
     for backend, said in (("auto", "posenc rotates q and k in this layout (the same roundings as the model's own "
                                    "apply_rotary_pos_emb)"),
