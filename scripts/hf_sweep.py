@@ -30,10 +30,10 @@ def markdown(records: list[dict], version: str) -> str:
         f"Swept with transformers {version}: {len(records)} model types with positions; "
         + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("equal", "different", "error", "refused", "not built",
                                                          "not run"))
-        + f". Of the equal ones, {routed} rotate q and k with posenc's engine (the rest: the model's own code).",
+        + f". In {routed} of the equal ones posenc also rotates q and k (patched: q/k rotation).",
         "",
-        "| model type | result | patched | layout | q/k rotation | detail |",
-        "|---|---|---|---|---|---|",
+        "| model type | result | patched | layout | detail |",
+        "|---|---|---|---|---|",
     ]
     for r in sorted(records, key=lambda r: r["model_type"]):
         if r["status"] in ("equal", "different"):
@@ -42,9 +42,9 @@ def markdown(records: list[dict], version: str) -> str:
             detail = r.get("reason", "").replace("|", "/")
             detail = detail if len(detail) < 72 else detail[:69] + "..."
         layout = ", ".join(x for x in r.get("layout", []) if x != "None")
-        rotation = ", ".join(r.get("rotation", []))
-        lines.append(f"| `{r['model_type']}` | {r['status']} | {', '.join(r.get('patched', []))} | {layout} | "
-                     f"{rotation} | {detail.replace('<', '&lt;')} |")
+        patched = r.get("patched", []) + (["q/k rotation"] if "posenc" in r.get("rotation", []) else [])
+        lines.append(f"| `{r['model_type']}` | {r['status']} | {', '.join(patched)} | {layout} | "
+                     f"{detail.replace('<', '&lt;')} |")
     return "\n".join(lines) + "\n"
 
 
