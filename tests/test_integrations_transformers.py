@@ -271,7 +271,11 @@ def test_backend_routes_the_rotation_through_posenc_and_keeps_parity(name, monke
     model = _build(name)
     rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
     code = sys.modules[type(rotary).__module__]
-    original = code.apply_rotary_pos_emb
+    import gc
+
+    gc.collect()                                                   # (models other tests patched and dropped)
+    current = code.apply_rotary_pos_emb
+    original = getattr(current, "original", current)
     ids = torch.randint(1, 96, (1, 40), generator=torch.Generator().manual_seed(1))
     ref_logits, ref_tokens = _greedy(model, ids, 8)
     patch_model(model, backend="torch")
@@ -288,8 +292,29 @@ def test_backend_routes_the_rotation_through_posenc_and_keeps_parity(name, monke
     torch.testing.assert_close(_greedy(other, ids, 8)[0], ref_logits, rtol=0, atol=0)
     assert not calls
     unpatch_model(model)
-    assert code.apply_rotary_pos_emb is original
+    now = code.apply_rotary_pos_emb
+    assert now is original or (isinstance(now, integration._FastRotate) and now.original is original and now.users)
     torch.testing.assert_close(_greedy(model, ids, 8)[0], ref_logits, rtol=0, atol=0)
+
+
+def test_patched_copies_dropped_without_unpatching_stop_counting():
+    """The stand-in counts the patched models that route the function weakly: copies made and dropped
+    (patch_model's own checks on an already patched model make some) never keep it installed."""
+    import copy
+    import gc
+    import sys
+
+    model = _build("llama")
+    code = sys.modules[type(model.model.rotary_emb).__module__]
+    gc.collect()
+    before = len(getattr(code.apply_rotary_pos_emb, "users", ()))
+    patch_model(model)
+    for _ in range(3):
+        copy.deepcopy(model)                                        # made and dropped
+    patch_model(model)                                              # again: nothing new to patch
+    gc.collect()
+    assert len(code.apply_rotary_pos_emb.users) == before + 1
+    assert copy.copy(code.apply_rotary_pos_emb) is code.apply_rotary_pos_emb      # a function: copies are itself
 
 
 ROUTED = ["llama", "llama-dynamic", "qwen2-yarn", "gemma3", "phi3-longrope", "gpt_neox", "cohere", "glm", "deepseek_v3"]
@@ -359,10 +384,13 @@ def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
 
     model = _build("llama")
     code = sys.modules[type(model.model.rotary_emb).__module__]
-    before = getattr(code.apply_rotary_pos_emb, "users", 0)                  # (other models patched in this process)
+    import gc
+
+    gc.collect()
+    before = len(getattr(code.apply_rotary_pos_emb, "users", ()))            # (other models patched in this process)
     patch_model(model, backend="torch")
     twin, loaded = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
-    assert code.apply_rotary_pos_emb.users == before + 3
+    assert len(code.apply_rotary_pos_emb.users) == before + 3
     ids = torch.randint(1, 96, (1, 12))
     with torch.no_grad():
         want = model(input_ids=ids).logits
@@ -373,7 +401,7 @@ def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
         assert isinstance(code.apply_rotary_pos_emb, integration._FastRotate)
     unpatch_model(loaded)
     if before:
-        assert code.apply_rotary_pos_emb.users == before
+        assert len(code.apply_rotary_pos_emb.users) == before
     else:                                                                     # the last user gone: the original back
         assert not isinstance(code.apply_rotary_pos_emb, integration._FastRotate)
 
@@ -404,6 +432,112 @@ def test_a_rotate_function_posenc_matches_only_to_rounding_keeps_its_own_rotatio
     assert adapter.fast is None
     assert adapter.why_not_fast == "posenc's engine does not reproduce it bit for bit on random q and k"
     assert modeling_llama.apply_rotary_pos_emb is in_float64
+
+
+def test_the_stand_in_leaves_other_calls_to_the_models_function():
+    """Calls the entry was not checked for run the model's own function: another sin than the one
+    returned with this cos, q shorter than cos (a function may slice cos to q's length), and a q whose
+    dtype differs from cos's (under autocast the function's own promotion and rounding apply)."""
+    import sys
+
+    model = patch_model(_build("llama"))
+    code = sys.modules[type(model.model.rotary_emb).__module__]
+    stand_in, original = code.apply_rotary_pos_emb, code.apply_rotary_pos_emb.original
+    x = torch.zeros(1, 6, 16)
+    cos, sin = model.model.rotary_emb(x, torch.arange(6)[None])
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 6, 16, generator=gen), torch.randn(1, 2, 6, 16, generator=gen)
+    cases = [(q, k, cos, -sin), (q.bfloat16(), k.bfloat16(), cos, sin)]
+    for args in cases:
+        for a, b in zip(stand_in(*args), original(*args), strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+    def sliced(q, k, cos, sin, unsqueeze_dim=1):                    # cos cut to q's length (MuseGlimmer)
+        c, s_ = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        cq, sq = c[..., -q.shape[-2]:, :], s_[..., -q.shape[-2]:, :]
+        turn = sys.modules["transformers.models.llama.modeling_llama"].rotate_half
+        return q * cq + turn(q) * sq, k * c + turn(k) * s_
+    wrapped = type(stand_in)(sliced)
+    got, want = wrapped(q[:, :, -2:], k, cos, sin), sliced(q[:, :, -2:], k, cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("name", ["cohere", "llama"])
+def test_float64_and_autocast_keep_the_models_own_rounding(name):
+    """Cohere rotates in float32 whatever q's dtype; in float64 and under CPU autocast (bfloat16 q,
+    float32 cos) the patched model gives the logits of the model rotating posenc's cos/sin itself."""
+    ids = torch.randint(1, 96, (1, 20), generator=torch.Generator().manual_seed(7))
+    model64 = _build(name).double()
+    with torch.no_grad():
+        with patched(model64, backend=None):
+            want = model64(input_ids=ids).logits
+        with patched(model64):
+            got = model64(input_ids=ids).logits
+    assert torch.equal(got, want)
+    model = _build(name)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with patched(model, backend=None):
+            want = model(input_ids=ids).logits
+        with patched(model):
+            got = model(input_ids=ids).logits
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_patched_model_saved_by_an_earlier_posenc_still_runs():
+    """State from before the rotation was routed (no factor table, fewer attributes) loads and runs."""
+    import pickle
+
+    model = patch_model(_build("llama"), backend=None)
+    ids = torch.randint(1, 96, (1, 12))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    adapter = model.model.rotary_emb.posenc_rope
+    table = next(iter(adapter.tables.values()))
+    for name in ("low", "mix_layout", "sign", "why_not_fast", "partial"):
+        vars(adapter).pop(name)
+    for name in ("mix_format", "rows", "dim", "length_dependent", "split"):
+        vars(table).pop(name)
+    table._buffers.pop("mix")
+    loaded = pickle.loads(pickle.dumps(model))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=0, atol=0)
+
+
+def test_backend_triton_rotates_with_the_kernel_where_it_takes_the_rows(monkeypatch):
+    """backend="triton" (the kernel runs on CPU under TRITON_INTERPRET=1, as the test suite sets):
+    one row set for the batch goes through the kernel (within 1e-5 of the model, the same tokens);
+    per-row positions (a left-padded batch), which the kernel does not take, through the torch engine."""
+    import os
+
+    import posenc.integrations.transformers as integration
+    from posenc._torch.backend import triton_available
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or not triton_available(torch.device("cpu")):
+        pytest.skip("the Triton kernel runs on CPU tensors under TRITON_INTERPRET=1 only (and needs Triton)")
+    model = _build("gpt_neox")                                    # a rotary part narrower than the head
+    ids = torch.randint(1, 96, (1, 20), generator=torch.Generator().manual_seed(8))
+    ref_logits, ref_tokens = _greedy(model, ids, 3)
+    calls = []
+    kernel = integration._KernelEntry.rotate
+    monkeypatch.setattr(integration._KernelEntry, "rotate", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    with patched(model, backend="triton"):
+        assert model.gpt_neox.rotary_emb.posenc_rope.fast[2] == "triton"
+        calls.clear()                                                  # (the patch-time check's own calls)
+        logits, tokens = _greedy(model, ids, 3)
+        assert len(calls) == 4 * model.config.num_hidden_layers
+        torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
+        assert tokens == ref_tokens
+        pair = torch.randint(2, 96, (2, 12), generator=torch.Generator().manual_seed(9))
+        mask = torch.ones_like(pair)
+        mask[0, :4] = 0
+        rows = (mask.cumsum(-1) - 1).clamp(min=0)                      # each row's own positions
+        calls.clear()
+        with torch.no_grad():
+            got = model(input_ids=pair, attention_mask=mask, position_ids=rows).logits
+        assert not calls                                               # per-row positions: the torch engine
+    with torch.no_grad():
+        want = model(input_ids=pair, attention_mask=mask, position_ids=rows).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 def test_the_log_says_who_rotates_q_and_k(caplog):

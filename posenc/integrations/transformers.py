@@ -59,6 +59,7 @@ import inspect
 import logging
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -144,8 +145,8 @@ class _Plan:
 
     def apply(self) -> None:
         record = _Patch(self.kind)
-        if self.fast is not None:
-            _install_fast(*self.fast)
+        if self.fast is not None and self.submodule is not None:
+            _install_fast(*self.fast, self.submodule[1])
         if self.submodule is not None:
             name, sub = self.submodule
             self.module.add_module(name, sub)
@@ -169,8 +170,8 @@ def _unpatch_module(module: torch.nn.Module) -> None:
     if record.submodule is not None:
         sub = module._modules.pop(record.submodule, None)
         fast = getattr(sub, "fast", None)
-        if fast is not None:
-            _uninstall_fast(fast[0], fast[1])
+        if fast is not None and sub is not None:
+            _uninstall_fast(fast[0], fast[1], sub)
 
 
 def _is_patched(module: torch.nn.Module) -> bool:
@@ -401,6 +402,16 @@ class _RotaryTables(TableModule):
         self.rows, self.length_dependent, self.dim = int(self.cos.shape[0]), bool(rope.length_dependent), rope.dim
         self.split = (rope.dim, rope.dim, 2 * rope.dim)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # (tables saved by an earlier posenc: the attributes it did not have, and no factor table)
+        self._buffers.setdefault("mix", None)
+        rope = self.rope
+        for name, value in (("mix_format", None), ("rows", int(self.cos.shape[0])), ("dim", rope.dim),
+                            ("length_dependent", bool(rope.length_dependent)),
+                            ("split", (rope.dim, rope.dim, 2 * rope.dim))):
+            vars(self).setdefault(name, value)
+
     def enable_mix(self, fmt: str, layout: str | None, sign: int = 1) -> None:
         """Build ``mix`` for a module returning cos/sin in ``fmt`` whose model mixes pairs as ``layout``
         (:data:`posenc.kernels.torch_mix.MIX_LAYOUTS`), rotating by ``sign`` times the angle;
@@ -502,10 +513,11 @@ class _RotaryAdapter(torch.nn.Module):
         #: why the model's own code rotates q and k (for the log), when it does
         self.why_not_fast = "backend=None"
         #: how posenc mixes the pairs where it rotates (found at patch time): the layout of
-        #: :mod:`posenc.kernels.torch_mix` and the direction of the rotation (-1: by minus the angle)
-        self.mix_layout, self.sign = "half", 1
-        #: how the model's rotate function computes in bfloat16 / float16, found at patch time:
-        #: "model" (in that dtype) or "float32" (widened, then rounded back); absent: its own code runs
+        #: :mod:`posenc.kernels.torch_mix`, the direction of the rotation (-1: by minus the angle), and
+        #: whether the function passes features past the rotary dim through
+        self.mix_layout, self.sign, self.partial = "half", 1, False
+        #: how the model's rotate function computes in bfloat16 / float16 / float64, found at patch time:
+        #: "model" (in that dtype) or "float32" (in float32, then rounded back); absent: its own code runs
         self.low: dict[torch.dtype, str] = {}
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: Any = None, **kwargs: Any) -> Any:
@@ -527,29 +539,36 @@ class _RotaryAdapter(torch.nn.Module):
         if fast is None or _is_compiling():
             cos, sin = table(position_ids, x.dtype)
             return _to_format(cos, sin, self.fmt, x.dtype), None
-        backend, dtype = fast[2], x.dtype
-        if kernel_possible(backend, x):
-            layout = self.layout or "half"
+        backend, dtype, layout = fast[2], x.dtype, self.mix_layout
+        # the kernel: plain rotations, one row set for the batch (per-row positions: the torch engine)
+        if position_ids.shape[0] == 1 and kernel_possible(backend, x) and self.sign == 1 and layout == self.layout:
             cos, sin = table(position_ids, dtype)
-            return _to_format(cos, sin, self.fmt, dtype), _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend)
-        widen, layout = self.low.get(dtype) == "float32", self.mix_layout
-        if dtype in _LOW and dtype is not torch.float32 and dtype not in self.low:
+            out = _to_format(cos, sin, self.fmt, dtype)
+            return out, _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend, out[1], self.partial)
+        if dtype is not torch.float32 and dtype not in self.low:
             cos, sin = table(position_ids, dtype)                          # the model's own rotation
             return _to_format(cos, sin, self.fmt, dtype), None
+        widen = self.low.get(dtype) == "float32"
         got = table.mixed(position_ids, dtype)
         if got is not None:                                                # the usual call: one gather
-            return (got[0], got[1]), _FastEntry(layout, table.dim, got[2], widen)
+            return (got[0], got[1]), _FastEntry(layout, table.dim, got[2], widen, got[0], got[1], self.partial)
         cos, sin = table(position_ids, dtype)
         cos, sin = cos.to(dtype), sin.to(dtype)
         with torch.no_grad():
             rows = mix_rows(cos, sin if self.sign > 0 else -sin, layout)    # (B, S, 2d), in the model's dtype
-        return _to_format(cos, sin, self.fmt, dtype), _FastEntry(layout, table.dim, mix_view(rows, layout), widen)
+        out = _to_format(cos, sin, self.fmt, dtype)
+        return out, _FastEntry(layout, table.dim, mix_view(rows, layout), widen, out[0], out[1], self.partial)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        # (adapters saved by an earlier posenc: what they lack, the cautious way: bfloat16, float16 and
+        # float64 left to the model's own rotation until the model is patched again)
+        for name, value in (("low", {}), ("mix_layout", self.layout or "half"), ("sign", 1), ("why_not_fast", ""),
+                            ("partial", False)):
+            vars(self).setdefault(name, value)
         fast = getattr(self, "fast", None)
         if fast is not None:                                       # a copy or a loaded model: route it again
-            _install_fast(fast[0], fast[1])
+            _install_fast(fast[0], fast[1], self)
 
 
 def _rotary_forward(owner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -865,39 +884,51 @@ class _FastEntry:
     """What rotates q and k as the model's function would with the cos/sin of one call of a patched
     rotary module: posenc's torch engine, with the factors of :mod:`posenc.kernels.torch_mix` in
     the model's dtype (widened to float32 with ``widen``, for functions that compute there), broadcast
-    as the model broadcasts cos (``unsqueeze_dim``)."""
+    as the model broadcasts cos (``unsqueeze_dim``).  It serves 4-D tensors of cos's dtype and
+    sequence length, and heads wider than the rotary dim only where the function was seen to pass
+    the rest through (``partial``); anything else is left to the model's function."""
 
-    __slots__ = ("layout", "dim", "mix", "by_axis", "widen")
+    __slots__ = ("layout", "dim", "mix", "by_axis", "widen", "partner", "dtype", "length", "partial")
 
-    def __init__(self, layout: str, dim: int, mix: torch.Tensor, widen: bool = False) -> None:
-        self.layout, self.dim, self.widen = layout, dim, widen
+    def __init__(self, layout: str, dim: int, mix: torch.Tensor, widen: bool, cos: torch.Tensor, sin: torch.Tensor,
+                 partial: bool) -> None:
+        self.layout, self.dim, self.widen, self.partial = layout, dim, widen, partial
+        #: the sin returned with this cos (a call with another sin is not this entry's), cos's dtype and length
+        self.partner, self.dtype, self.length = sin, cos.dtype, cos.shape[-2]
         self.mix = mix.float() if widen else mix
         #: the factors unsqueezed at the model's ``unsqueeze_dim`` (1: q ``(B, H, S, D)``)
         self.by_axis = {1: self.mix.unsqueeze(1)}
 
+    def _serves(self, x: torch.Tensor, unsqueeze: int) -> bool:
+        return (x.dtype is self.dtype and x.dim() == 4 and x.shape[3 - unsqueeze] == self.length
+                and (x.shape[-1] == self.dim or (self.partial and x.shape[-1] > self.dim)))
+
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """q and k rotated, or None when they are not what the entry rotates (the model's own function
-        then runs): the rotary features first in both (a pass-through part may follow)."""
-        dim = self.dim
-        if q.shape[-1] == dim == k.shape[-1] and not self.widen:    # the usual call, in the fewest steps
+        then runs)."""
+        if not (self._serves(q, unsqueeze) and self._serves(k, unsqueeze)):
+            return None
+        if q.shape[-1] == self.dim == k.shape[-1] and not self.widen:    # the usual call, in the fewest steps
             m = self.by_axis.get(unsqueeze)
             if m is None:
                 m = self.by_axis[unsqueeze] = self.mix.unsqueeze(unsqueeze)
             return rotate_mixed(q, m, self.layout), rotate_mixed(k, m, self.layout)
-        q_out, k_out = self.rotate_one(q, unsqueeze), self.rotate_one(k, unsqueeze)
-        return None if q_out is None or k_out is None else (q_out, k_out)
+        return self._one(q, unsqueeze), self._one(k, unsqueeze)
 
     def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
         """One tensor rotated (for functions that take one at a time), or None (see :meth:`rotate`)."""
+        return self._one(x, unsqueeze) if self._serves(x, unsqueeze) else None
+
+    def _one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor:
         dim = self.dim
-        if x.shape[-1] < dim:
-            return None
         m = self.by_axis.get(unsqueeze)
         if m is None:
             m = self.by_axis[unsqueeze] = self.mix.unsqueeze(unsqueeze)
-        out = rotate_mixed(x if x.shape[-1] == dim else x[..., :dim], m, self.layout)
-        if self.widen:
-            out = out.to(x.dtype)                                    # rounded back once, as the function does
+        part = x if x.shape[-1] == dim else x[..., :dim]
+        if self.widen:                                               # computed in float32, rounded back once
+            out = rotate_mixed(part.float(), m, self.layout).to(x.dtype)
+        else:
+            out = rotate_mixed(part, m, self.layout)
         return out if x.shape[-1] == dim else torch.cat([out, x[..., dim:]], -1)   # a pass-through part
 
 
@@ -906,19 +937,21 @@ class _KernelEntry(_FastEntry):
 
     __slots__ = ("cos", "sin", "backend")
 
-    def __init__(self, layout: str, cos: torch.Tensor, sin: torch.Tensor, backend: str) -> None:
-        self.layout, self.dim = layout, 2 * cos.shape[-1]
+    def __init__(self, layout: str, cos: torch.Tensor, sin: torch.Tensor, backend: str, sin_out: torch.Tensor,
+                 partial: bool) -> None:
+        self.layout, self.dim, self.partner, self.partial = layout, 2 * cos.shape[-1], sin_out, partial
+        self.dtype, self.length = cos.dtype, cos.shape[-2]
         self.cos, self.sin, self.backend = cos, sin, backend
 
     def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
-        if x.dtype != self.cos.dtype:
+        if not self._serves(x, unsqueeze):
             return None
         cos, sin = self.cos.unsqueeze(unsqueeze), self.sin.unsqueeze(unsqueeze)
         return apply_rope(x, cos, sin, layout=self.layout, backend=self.backend)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         cos, sin, layout, backend = self.cos, self.sin, self.layout, self.backend
-        if q.dim() != 4 or k.dim() != 4 or q.dtype != cos.dtype or k.dtype != cos.dtype:
+        if not (self._serves(q, unsqueeze) and self._serves(k, unsqueeze)):
             return None
         if cos.shape[0] == 1:                             # one row set for the batch: q and k in one call
             q_out, k_out = apply_rope_qk(q, k, cos[0], sin[0], layout=layout, seq_dim=3 - unsqueeze, backend=backend)
@@ -930,45 +963,70 @@ class _KernelEntry(_FastEntry):
 
 class _FastRotate:
     """Stands in for a modeling module's ``apply_rotary_pos_emb(q, k, cos, sin, ..., unsqueeze_dim=1)``:
-    posenc's engine for the cos/sin of a patched rotary module with a backend, the model's own function
-    for anything else (another model's cos/sin, traced calls, shapes the entry does not serve)."""
+    posenc's engine for the cos/sin a patched rotary module returned (passed by position, as
+    transformers does), the model's own function for anything else (another model's cos/sin, other
+    sin, traced calls, shapes or dtypes the entry does not serve)."""
 
-    def __new__(cls, original: Callable[..., Any]) -> _FastRotate:
-        if cls is _FastRotate and _takes_one(original):
+    #: the number of leading tensors the function rotates: (q, k) here, (x,) for :class:`_FastRotateOne`
+    tensors = 2
+
+    def __new__(cls, original: Callable[..., Any] | None = None) -> _FastRotate:
+        if cls is _FastRotate and original is not None and _takes_one(original):
             cls = _FastRotateOne                                   # (x, cos, sin, ...): one tensor at a time
         return super().__new__(cls)
 
     def __init__(self, original: Callable[..., Any]) -> None:
         self.original = original
-        self.users = 0
+        #: the patched models' adapters that route this function (held weakly: a model collected
+        #: without unpatch_model stops counting)
+        self.users: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.signature = inspect.signature(original)
+        param = self.signature.parameters.get("unsqueeze_dim")
+        self.unsqueeze = 1 if param is None or param.default is inspect.Parameter.empty else param.default
 
-    def __call__(self, q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
+    def _unsqueeze(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call's ``unsqueeze_dim`` (the function's own default when not passed)."""
+        if len(args) == self.tensors + 2 and not kwargs:
+            return self.unsqueeze
+        try:
+            return self.signature.bind(*args, **kwargs).arguments.get("unsqueeze_dim", self.unsqueeze)
+        except TypeError:
+            return None                                            # the function itself will say what is wrong
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # (tracing first: the traced graph holds the model's own function)
-        if not _is_compiling() and type(q) is _Tensor and type(k) is _Tensor:
+        if not _is_compiling() and len(args) >= 4:
+            q, k, cos, sin = args[0], args[1], args[2], args[3]
             entry = getattr(cos, _ENTRY, None)
-            if entry is not None:
-                unsqueeze = 1 if not (args or kwargs) else self.signature.bind(
-                    q, k, cos, sin, *args, **kwargs).arguments.get("unsqueeze_dim", 1)
-                out = entry.rotate(q, k, unsqueeze) if unsqueeze in (1, 2) else None
+            if entry is not None and entry.partner is sin and type(q) is _Tensor and type(k) is _Tensor:
+                unsqueeze = self._unsqueeze(args, kwargs)
+                out = entry.rotate(q, k, unsqueeze) if unsqueeze == 1 or unsqueeze == 2 else None
                 if out is not None:
                     return out
-        return self.original(q, k, cos, sin, *args, **kwargs)
+        return self.original(*args, **kwargs)
+
+    def __copy__(self) -> _FastRotate:
+        return self                                                # (a function: copies are itself)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _FastRotate:
+        return self
 
 
 class _FastRotateOne(_FastRotate):
     """:class:`_FastRotate` for a function that rotates one tensor, ``(x, cos, sin, ..., unsqueeze_dim=1)``."""
 
-    def __call__(self, x: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        if not _is_compiling() and type(x) is _Tensor:
+    tensors = 1
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not _is_compiling() and len(args) >= 3:
+            x, cos, sin = args[0], args[1], args[2]
             entry = getattr(cos, _ENTRY, None)
-            if entry is not None:
-                unsqueeze = 1 if not (args or kwargs) else self.signature.bind(
-                    x, cos, sin, *args, **kwargs).arguments.get("unsqueeze_dim", 1)
-                out = entry.rotate_one(x, unsqueeze) if unsqueeze in (1, 2) else None
+            if entry is not None and entry.partner is sin and type(x) is _Tensor:
+                unsqueeze = self._unsqueeze(args, kwargs)
+                out = entry.rotate_one(x, unsqueeze) if unsqueeze == 1 or unsqueeze == 2 else None
                 if out is not None:
                     return out
-        return self.original(x, cos, sin, *args, **kwargs)
+        return self.original(*args, **kwargs)
 
 
 def _takes_one(fn: Callable[..., Any]) -> bool:
@@ -976,7 +1034,7 @@ def _takes_one(fn: Callable[..., Any]) -> bool:
     return list(inspect.signature(fn).parameters)[:3] == ["x", "cos", "sin"]
 
 
-def _install_fast(module_name: str, name: str) -> None:
+def _install_fast(module_name: str, name: str, adapter: torch.nn.Module) -> None:
     code = sys.modules.get(module_name)
     if code is None:
         return
@@ -986,15 +1044,16 @@ def _install_fast(module_name: str, name: str) -> None:
             return
         current = _FastRotate(current)
         setattr(code, name, current)
-    current.users += 1
+    current.users.add(adapter)
 
 
-def _uninstall_fast(module_name: str, name: str) -> None:
+def _uninstall_fast(module_name: str, name: str, adapter: torch.nn.Module) -> None:
+    """Forget ``adapter``; the last patched model gone (unpatched, or collected), the function goes back."""
     code = sys.modules.get(module_name)
     current = getattr(code, name, None) if code is not None else None
     if isinstance(current, _FastRotate):
-        current.users -= 1
-        if current.users <= 0:
+        current.users.discard(adapter)
+        if not current.users:
             setattr(code, name, current.original)
 
 
@@ -1031,20 +1090,18 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
 def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) -> str:
     """Why posenc's engine does not stand in for the model's rotate function ``fn``, or "" when it
     reproduces it on random q and k in float32 (:func:`_reproduces`: bit for bit with the torch
-    engine): every layer type's table rows, rows computed past the table, two batch elements with
-    different positions, and a head wider than the rotary dim (the rest passed through) where the
-    function takes one.
+    engine), trying the ways of mixing the pairs the layout found allows, in either direction.
 
-    Then, for bfloat16 and float16, finds how the function computes there: in that dtype, or widened
-    to float32 and rounded back (``adapter.low``); only a way that reproduces it bit for bit is kept,
-    and without one the model's own function rotates in that dtype."""
-    adapter.low = {}
+    Then, for bfloat16, float16 and float64, finds how the function computes there: in that dtype, or
+    in float32 and rounded back (``adapter.low``); only a way that reproduces it bit for bit is kept,
+    and without one the model's own function rotates in that dtype.  Heads wider than the rotary dim
+    are served only where every check saw the function pass the rest through (``adapter.partial``)."""
+    adapter.low, adapter.partial = {}, True
     tables = [cast(_RotaryTables, t) for t in adapter.tables.values()]
     promised = [t.assume_valid for t in tables]
     for t in tables:
         t.assume_valid = False                               # the probes go past the tables
     try:
-        # the ways of mixing the pairs the layout found allows, either direction of rotation
         ways = [("half", 1), ("half", -1)] if adapter.layout == "half" else \
             [("interleaved", 1), ("interleaved_to_half", 1), ("interleaved", -1), ("interleaved_to_half", -1)]
         for adapter.mix_layout, adapter.sign in ways:
@@ -1053,7 +1110,7 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
                 break
         if why or kernel_possible(backend, tables[0].cos):
             return why                                       # (the kernel computes in float32 and rounds once)
-        for dtype in (torch.bfloat16, torch.float16):
+        for dtype in (torch.bfloat16, torch.float16, torch.float64):
             for mode in ("model", "float32"):
                 adapter.low[dtype] = mode
                 if not _reproduces(adapter, fn, backend, dtype):
@@ -1068,7 +1125,8 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
 def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, dtype: torch.dtype) -> str:
     """Why posenc's rotation for ``dtype`` differs from ``fn``'s, or "": bit for bit with the torch
     engine (the same products and additions), within 1e-5 with the Triton kernel (float32 only:
-    it computes in float32 and rounds once)."""
+    it computes in float32 and rounds once).  A head wider than the rotary dim that ``fn`` does not
+    pass through as posenc would clears ``adapter.partial`` instead."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     fast = ("", "", backend)
     exact = not kernel_possible(backend, cast(_RotaryTables, next(iter(adapter.tables.values()))).cos)
@@ -1078,14 +1136,16 @@ def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, d
         table.enable_mix(adapter.fmt, adapter.mix_layout, adapter.sign)
         inside = torch.tensor([[0, 1, 2, 3, 4], [5, 9, 40, rows - 2, rows - 1]], device=device)
         past = torch.tensor([[0, 1, 2, 700, 5000], [3, rows, rows + 1, 3 * rows, 7]], device=device)
-        with torch.no_grad():
-            for positions in (inside, past):
+        for positions in (inside, past, inside[1:], past[1:]):       # (one row set: what the kernel takes)
+            for extra in (0, 8):                                      # the whole head rotated, or a pass-through part
+                wide = torch.float64 if dtype == torch.float64 else torch.float32   # (float64: every bit used)
+                q = torch.randn(2, 3, 5, dim + extra, generator=gen, dtype=wide).to(device, dtype)
+                k = torch.randn(2, 2, 5, dim + extra, generator=gen, dtype=wide).to(device, dtype)
                 x = torch.zeros(1, 1, dim, device=device, dtype=dtype)
-                (cos, sin), entry = adapter.compute(x, positions, None if layer_type == "None" else layer_type, fast)
-                for extra in (0, 8):                                  # the whole head rotated, or a pass-through part
-                    q = torch.randn(2, 3, 5, dim + extra, generator=gen).to(device, dtype)
-                    k = torch.randn(2, 2, 5, dim + extra, generator=gen).to(device, dtype)
-                    try:
+                try:
+                    with torch.no_grad():
+                        (cos, sin), entry = adapter.compute(x, positions, None if layer_type == "None" else layer_type,
+                                                            fast)
                         if _takes_one(fn):
                             want = fn(q, cos, sin), fn(k, cos, sin)
                             one = cast(_FastEntry, entry).rotate_one
@@ -1093,16 +1153,19 @@ def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, d
                         else:
                             want = fn(q, k, cos, sin)
                             got = cast(_FastEntry, entry).rotate(q, k, 1)
-                    except Exception as e:                            # noqa: BLE001 -- reported as the reason
-                        if extra:
-                            continue
-                        return f"posenc's engine could not take its shapes ({type(e).__name__}: {e})"
-                    if extra and not (isinstance(want, tuple) and want[0].shape == q.shape):
-                        continue                                      # the function rotates only the rotary part
-                    if got is None or not all(torch.equal(g, w) if exact else torch.allclose(g, w, rtol=0, atol=1e-5)
-                                              for g, w in zip(got, want, strict=True)):
-                        return "posenc's engine does not reproduce it " + ("bit for bit " if exact else "") + \
-                            "on random q and k"
+                    same = got is not None and isinstance(want, tuple) and all(
+                        torch.equal(g, w) if exact else torch.allclose(g, w, rtol=0, atol=1e-5)
+                        for g, w in zip(got, want, strict=True))
+                except Exception as e:                                # noqa: BLE001 -- reported as the reason
+                    if extra:
+                        adapter.partial = False
+                        continue
+                    return f"posenc's engine could not take its shapes ({type(e).__name__}: {e})"
+                if extra and not same:
+                    adapter.partial = False                           # wider heads: the model's own function
+                elif not same:
+                    return "posenc's engine does not reproduce it " + ("bit for bit " if exact else "") + \
+                        "on random q and k"
     return ""
 
 
