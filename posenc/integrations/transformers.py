@@ -906,13 +906,15 @@ class _FastEntry:
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """q and k rotated, or None when they are not what the entry rotates (the model's own function
         then runs)."""
-        if not (self._serves(q, unsqueeze) and self._serves(k, unsqueeze)):
-            return None
-        if q.shape[-1] == self.dim == k.shape[-1] and not self.widen:    # the usual call, in the fewest steps
-            m = self.by_axis.get(unsqueeze)
+        dim, dtype, seq = self.dim, self.dtype, 3 - unsqueeze
+        if (q.shape[-1] == dim == k.shape[-1] and q.dtype is dtype and k.dtype is dtype and q.dim() == 4
+                and k.dim() == 4 and q.shape[seq] == self.length == k.shape[seq] and not self.widen):
+            m = self.by_axis.get(unsqueeze)                             # the usual call, in the fewest steps
             if m is None:
                 m = self.by_axis[unsqueeze] = self.mix.unsqueeze(unsqueeze)
             return rotate_mixed(q, m, self.layout), rotate_mixed(k, m, self.layout)
+        if not (self._serves(q, unsqueeze) and self._serves(k, unsqueeze)):
+            return None
         return self._one(q, unsqueeze), self._one(k, unsqueeze)
 
     def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
@@ -999,7 +1001,7 @@ class _FastRotate:
             q, k, cos, sin = args[0], args[1], args[2], args[3]
             entry = getattr(cos, _ENTRY, None)
             if entry is not None and entry.partner is sin and type(q) is _Tensor and type(k) is _Tensor:
-                unsqueeze = self._unsqueeze(args, kwargs)
+                unsqueeze = self.unsqueeze if len(args) == 4 and not kwargs else self._unsqueeze(args, kwargs)
                 out = entry.rotate(q, k, unsqueeze) if unsqueeze == 1 or unsqueeze == 2 else None
                 if out is not None:
                     return out
