@@ -541,7 +541,8 @@ class _RotaryAdapter(torch.nn.Module):
             return _to_format(cos, sin, self.fmt, x.dtype), None
         backend, dtype, layout = fast[2], x.dtype, self.mix_layout
         # the kernel: plain rotations, one row set for the batch (per-row positions: the torch engine)
-        if position_ids.shape[0] == 1 and kernel_possible(backend, x) and self.sign == 1 and layout == self.layout:
+        if (position_ids.dim() == 2 and position_ids.shape[0] == 1 and kernel_possible(backend, x) and self.sign == 1
+                and layout == self.layout):
             cos, sin = table(position_ids, dtype)
             out = _to_format(cos, sin, self.fmt, dtype)
             return out, _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend, out[1], self.partial)
