@@ -9,7 +9,8 @@ import torch
 import posenc
 from posenc.functional import apply_rope_qk
 from posenc.kernels import factor_cache
-from posenc.kernels.torch_decode import decode_factors, decode_qk
+from posenc.kernels.factor_cache import decode_factors
+from posenc.kernels.torch_decode import decode_qk
 from tests.reference import rope_oracle
 
 D = 16

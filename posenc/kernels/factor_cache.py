@@ -1,4 +1,5 @@
-"""A decode step's factors for ``(cos, sin)`` tables that a caller passes again and again (not public).
+"""A decode step's factors: views of a packed table, and a cache for ``(cos, sin)`` tables that a
+caller passes again and again (not public).
 
 ``apply_rope_qk(q, k, cos, sin, offset=)`` in a decode loop receives the same two tables at every
 step.  The half layout multiplies by ``[cos | cos]`` and ``[-sin | sin]`` rows and the interleaved
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from posenc.kernels.torch_rope import pack_tables
+
 #: Tables up to this many elements each (e.g. 8192 positions x 64 frequencies) are cached.
 MAX_ELEMENTS = 1 << 19
 #: Table pairs kept, the most recently used first.
@@ -28,13 +31,20 @@ SIZE = 4
 _entries: list[tuple] = []
 
 
-def table_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
-    """The decode step's factors of float32 ``(P, h)`` tables (or of some of their rows), as new
-    tensors: ``([cos | cos], [-sin | sin])`` for the half layout, ``(cos + i sin,)`` for the
-    interleaved one."""
+def decode_factors(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """What a decode step multiplies by, as views of a packed table
+    (:func:`posenc.kernels.torch_rope.pack_tables`, as ``RotaryEmbedding`` keeps it): ``([cos | cos], [-sin | sin])``, both
+    ``(P, 2h)``, for the half layout; ``cos + i sin`` ``(P, h)`` complex for the interleaved one."""
     if layout == "half":
-        return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
-    return (torch.complex(cos, sin),)
+        d = packed.shape[-1] // 2
+        return packed[:, :d], packed[:, d:]
+    return (torch.view_as_complex(packed.view(packed.shape[0], -1, 2)),)
+
+
+def table_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """The decode step's factors of float32 ``(P, h)`` tables (or of some of their rows), made new:
+    :func:`decode_factors` of their packed form."""
+    return decode_factors(pack_tables(cos, sin, layout), layout)
 
 
 def cached_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...] | None:

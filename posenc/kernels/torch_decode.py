@@ -12,7 +12,7 @@ host (reading nothing from the device), and then rotates q and k with the torch 
 - one rounding back to the input dtype, and two views of the result.
 
 The factors are precomputed whole tables that one lookup each turns into rows: views of
-``RotaryEmbedding``'s packed table (:func:`decode_factors`), or, for ``apply_rope_qk``'s
+``RotaryEmbedding``'s packed table (:func:`posenc.kernels.factor_cache.decode_factors`), or, for ``apply_rope_qk``'s
 ``(cos, sin)`` tables, :mod:`posenc.kernels.factor_cache`.
 """
 
@@ -23,7 +23,7 @@ import torch
 from posenc._torch.backend import kernel_possible
 from posenc.kernels.factor_cache import cached_factors, table_factors
 
-__all__ = ["DECODE_MAX", "decode_factors", "decode_qk"]
+__all__ = ["DECODE_MAX", "decode_qk"]
 
 #: Inputs a decode step serves at its floor (float64 inputs take float64 angles: the general path).
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -32,16 +32,6 @@ DECODE_MAX = 1 << 18
 #: The one rounding back from float32, by the tensor method that costs least per call.
 _NARROW = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half}
 _F32 = torch.float32
-
-
-def decode_factors(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
-    """What a decode step multiplies by, as views of a packed table
-    (:func:`posenc.kernels.torch_rope.pack_tables`): ``([cos | cos], [-sin | sin])``, both
-    ``(P, 2h)``, for the half layout; ``cos + i sin`` ``(P, h)`` complex for the interleaved one."""
-    if layout == "half":
-        d = packed.shape[-1] // 2
-        return packed[:, :d], packed[:, d:]
-    return (torch.view_as_complex(packed.view(packed.shape[0], -1, 2)),)
 
 
 def decode_qk(q: object, k: object, seq_dim: object, offset: object, dim: int, rows: int, backend: str,
@@ -57,7 +47,7 @@ def decode_qk(q: object, k: object, seq_dim: object, offset: object, dim: int, r
     CUDA).  Every argument is then valid.  Anything else, an invalid argument included, returns
     None before any torch call: the caller's general path checks it and says what is wrong.
 
-    ``factors`` are :func:`decode_factors` of the caller's packed table; or None, and ``tables``
+    ``factors`` are :func:`posenc.kernels.factor_cache.decode_factors` of the caller's packed table; or None, and ``tables``
     the float32 ``(cos, sin, layout)`` of ``apply_rope_qk``, whose factors come from
     :func:`posenc.kernels.factor_cache.cached_factors` (or are built from this step's rows).
     """

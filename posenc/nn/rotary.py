@@ -27,7 +27,8 @@ from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
 from posenc.kernels import rope_engine
-from posenc.kernels.torch_decode import decode_factors, decode_qk
+from posenc.kernels.factor_cache import decode_factors
+from posenc.kernels.torch_decode import decode_qk
 from posenc.kernels.torch_rope import pack_tables, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
