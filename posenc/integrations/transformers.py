@@ -389,6 +389,8 @@ class _RotaryTables(TableModule):
     cos: torch.Tensor
     sin: torch.Tensor
     mix: torch.Tensor | None
+    #: the widths of cos, sin and the factors in a row of ``mix`` (set with it)
+    split: tuple[int, int, int]
 
     def __init__(self, rope: RotaryEmbedding, assume_valid: bool) -> None:
         super().__init__()
@@ -400,7 +402,6 @@ class _RotaryTables(TableModule):
         self.mix_format: tuple[str, str, int] | None = None
         #: plain attributes (read per call without the module's attribute lookup)
         self.rows, self.length_dependent, self.dim = int(self.cos.shape[0]), bool(rope.length_dependent), rope.dim
-        self.split = (rope.dim, rope.dim, 2 * rope.dim)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -408,8 +409,7 @@ class _RotaryTables(TableModule):
         self._buffers.setdefault("mix", None)
         rope = self.rope
         for name, value in (("mix_format", None), ("rows", int(self.cos.shape[0])), ("dim", rope.dim),
-                            ("length_dependent", bool(rope.length_dependent)),
-                            ("split", (rope.dim, rope.dim, 2 * rope.dim))):
+                            ("length_dependent", bool(rope.length_dependent))):
             vars(self).setdefault(name, value)
 
     def enable_mix(self, fmt: str, layout: str | None, sign: int = 1) -> None:
