@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 import posenc  # noqa: E402
 from posenc import kernels  # noqa: E402
-from posenc._torch import alloc, backend, rope_call  # noqa: E402
+from posenc._torch import alloc, backend, plans, rope_call  # noqa: E402
 from posenc.functional import rope as R  # noqa: E402
 from posenc.kernels import torch_rope as E  # noqa: E402
 from posenc.nn import rotary as rotary_module  # noqa: E402
@@ -46,19 +46,37 @@ def public_calls(backend_name):
 def kernel_spy(monkeypatch):
     """Pretend every tensor is one the kernel takes under "auto", and record which engines run."""
     calls = []
-    torch_engine = kernels.rope_engine("torch")
+    torch_engine = kernels.engine("rope_qk", "torch")
 
-    def fake_triton(*args, **kw):
-        calls.append("triton")
-        return torch_engine(*args, **kw)
+    class FakeTriton:
+        __name__ = "posenc.kernels.fake_triton"
+        unpack_tables = staticmethod(torch_engine.unpack_tables)
+
+        @staticmethod
+        def rope_qk(*args, **kw):
+            calls.append("triton")
+            return torch_engine.rope_qk(*args, **kw)
+
+        @staticmethod
+        def prepare(*args, **kw):
+            run = torch_engine.prepare(*args, **kw)
+
+            def rotation(*a, **k):
+                calls.append("triton")
+                return run(*a, **k)
+            return rotation
 
     monkeypatch.setattr(backend, "auto_device", lambda x: True)
     monkeypatch.setattr(backend, "triton_available", lambda device: True)
-    real_engine = kernels.rope_engine
-    monkeypatch.setattr(kernels, "rope_engine", lambda name: fake_triton if name == "triton" else real_engine(name))
+    real_engine = kernels.engine
+    fake_engine = lambda op, name: FakeTriton if name == "triton" else real_engine(op, name)  # noqa: E731
     for module in (R, rotary_module):
-        monkeypatch.setattr(module, "rope_engine", kernels.rope_engine)
-    return calls
+        monkeypatch.setattr(module, "engine", fake_engine)
+    monkeypatch.setattr(R, "rope_engine", lambda name: FakeTriton.rope_qk if name == "triton" else real_engine(
+        "rope_qk", name).rope_qk)
+    plans.clear()                                     # (a plan made with the real engines would skip the spy)
+    yield calls
+    plans.clear()
 
 
 @pytest.mark.parametrize("name", list(public_calls("torch")))
@@ -77,7 +95,9 @@ def test_backend_auto_takes_the_kernel_where_it_applies(kernel_spy, name):
 @pytest.mark.parametrize("name", ["apply_rope_qk", "apply_rope_qk positions", "RotaryEmbedding",
                                   "RotaryEmbedding positions", "RotaryEmbedding.rotate"])
 def test_one_validation_and_one_decision_per_call(monkeypatch, name):
-    counts = {"check_qk": 0, "resolve": 0}
+    """The first call validates and decides once; a second call with the same signature runs the first
+    one's plan (step 0): no validation, no decision."""
+    counts = {"check_qk": 0, "decide": 0}
 
     def counting(key, fn):
         def wrapper(*a, **kw):
@@ -86,20 +106,15 @@ def test_one_validation_and_one_decision_per_call(monkeypatch, name):
         return wrapper
 
     monkeypatch.setattr(rope_call, "check_qk", counting("check_qk", rope_call.check_qk))
-    for module in (R, rotary_module):                 # the engine is looked up once per call, after the decision
-        monkeypatch.setattr(module, "rope_engine", counting("resolve", module.rope_engine))
-        # a decode step is checked, decided and rotated at once (decode_qk; None: not a decode step)
-        decode_qk = module.decode_qk
-
-        def checked_step(*a, _step=decode_qk, **kw):
-            out = _step(*a, **kw)
-            if out is not None:
-                counts["check_qk"] += 1
-                counts["resolve"] += 1
-            return out
-        monkeypatch.setattr(module, "decode_qk", checked_step)
-    public_calls("auto")[name]()
-    assert counts == {"check_qk": 1, "resolve": 1}
+    for module in (R, rotary_module):
+        monkeypatch.setattr(module, "choose_engine", counting("decide", module.choose_engine))
+    plans.clear()
+    call = public_calls("auto")[name]
+    call()
+    assert counts == {"check_qk": 1, "decide": 1}
+    call()
+    expected = 1
+    assert counts == {"check_qk": expected, "decide": expected}
 
 
 @pytest.fixture

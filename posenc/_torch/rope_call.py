@@ -4,6 +4,8 @@
 
     public boundary            (apply_rope_qk, RotaryEmbedding.forward / rotate, the axial and
           |                     multimodal modules, rope_and_cache, rms_norm_rope_qk)
+    0. the plan                a call with the signature of one seen before runs that call's plan
+          |                     (posenc._torch.plans): its few per-call checks, then the engine
     1. check_call / check_varlen_call     validate once: q, k, positions or offset, flags
           |
     2. rows                    table or exact, decided once: a table's rows by position (checked
@@ -11,26 +13,24 @@
           |                     for this call (exact angles: RotaryEmbedding past its table)
     3. choose_engine           the torch engine or the Triton kernel, decided once, no device reads
           |
-    4. feed                    the engine rotates q and k (views of one buffer: out of place, then
-                                copied back)
+    4. rotate / feed           the engine's call prepared once (kept as the plan of the call's
+                                signature) rotates q and k (views of one buffer: out of place,
+                                then copied back)
 
 Whatever runs after step 1 trusts its arguments: protocol methods that ``posenc.attention`` calls
 enter at step 2, never through a public method (which would validate again).
-
-The most frequent call, a decode step at a host-known offset inside the table, takes all four steps
-in one function (``kernels.torch_decode.decode_qk``), which declines anything else before it
-touches a tensor: at that size a step costs its Python and its torch calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
 
 from posenc import _validate
 from posenc._deprecate import UNSET, renamed
+from posenc._torch import plans
 from posenc._torch.backend import (
     ROPE_BACKENDS,
     check_rope_backend,
@@ -169,3 +169,33 @@ def feed(engine: Callable, q: torch.Tensor, k: torch.Tensor | None, inplace: boo
         qr, kr = engine(q, k, inplace=False, **rows)
         return q.copy_(qr), k.copy_(kr)
     return engine(q, k, inplace=inplace, **rows)
+
+
+def rotate(key: tuple | None, mod: Any, q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None,
+           sin: torch.Tensor | None, packed: torch.Tensor | None, positions: torch.Tensor | None, offset: int,
+           layout: str, sd: int, inplace: bool, read_range: bool):
+    """Step 4 with the plan: the call of engine module ``mod`` (``posenc.kernels.engine("rope_qk", name)``)
+    prepared for this call, kept as the plan of ``key`` (see :mod:`posenc._torch.plans`), then run.  The
+    tables are ``cos``/``sin`` or ``packed``.
+
+    ``read_range``: later calls with this key read their positions' range (given, not promised).
+    Calls that share memory between q and k in place, that record autograd in place, or whose tables
+    the Triton kernel would first convert, run without keeping a plan; while tracing, the engine's
+    one-shot call runs (for the Triton engines, its custom op).
+    """
+    if torch.compiler.is_compiling():
+        return feed(mod.rope_qk, q, k, inplace, cos=cos, sin=sin, packed=packed, positions=positions, offset=offset,
+                    layout=layout, seq_dim=sd)
+    if inplace and (inplace_pair_overlaps(q, k) or torch.is_grad_enabled() and (
+            q.requires_grad or k is not None and k.requires_grad)):
+        key = None                                  # (q and k may share memory; autograd records an in-place call)
+        if k is not None and torch._C._overlaps(q, k):
+            return feed(mod.rope_qk, q, k, True, cos=cos, sin=sin, packed=packed, positions=positions, offset=offset,
+                        layout=layout, seq_dim=sd)
+    cv, sv = (cos, sin) if cos is not None and sin is not None else mod.unpack_tables(packed, layout)
+    if mod.__name__.endswith("triton_rope") and (cv.dtype != torch.float32 or sv.dtype != torch.float32 or cv.stride() != sv.stride()):
+        return mod.rope_qk(q, k, cos=cv, sin=sv, positions=positions, offset=offset, layout=layout, seq_dim=sd,
+                           inplace=inplace)                # (converted per call: no plan)
+    run = mod.prepare(q, k, cv, sv, positions, offset, layout, sd, inplace)
+    plans.put(key, plans.Plan(run, cv.shape[0], q.shape[sd], read_range))
+    return run(q, k, cos, sin, positions, offset, None, packed)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
-from posenc._torch.angles import working_dtype
+from posenc._torch import plans
 from posenc._torch.backend import (
     kernel_limits,
     kernel_possible,
@@ -34,7 +34,7 @@ from posenc._torch.checks import (
 )
 from posenc._torch.rope_call import check_table_options, choose_engine, table_rotary_dim
 from posenc._torch.rows import guard_in_table, out_of_table
-from posenc.kernels import torch_rope
+from posenc.kernels import engine as _engine
 
 __all__ = ["rope_and_cache"]
 
@@ -167,6 +167,36 @@ def rope_and_cache(
         arXiv:2104.09864.  Kwon et al. 2023, "Efficient Memory Management for Large Language Model
         Serving with PagedAttention" (the paged cache).
     """
+    key = None
+    T = torch.Tensor
+    if (type(q) is T and type(k) is T and type(v) is T and type(k_cache) is T and type(v_cache) is T
+            and type(cos) is T and type(sin) is T and (cache_seqlens is None or type(cache_seqlens) is T)
+            and (slots is None or type(slots) is T) and (positions is None or type(positions) is T)
+            and type(seq_dim) is int and (inplace is False or inplace is True)
+            and (assume_valid is False or assume_valid is True) and not torch.compiler.is_compiling()):
+        # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans);
+        # the caches' addresses are part of it (whether the two share memory was checked for them)
+        index = cache_seqlens if slots is None else slots
+        try:
+            key = ("rope_and_cache", q.shape, q.stride(), q.dtype, q.device, q.requires_grad,
+                   k.shape, k.stride(), k.dtype, k.requires_grad, v.shape, v.stride(), v.dtype, v.requires_grad,
+                   k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr(),
+                   k_cache.requires_grad, v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
+                   v_cache.data_ptr(), v_cache.requires_grad, cos.shape, cos.stride(), cos.dtype, cos.device,
+                   cos.requires_grad, sin.shape, sin.stride(), sin.dtype, sin.device, sin.requires_grad,
+                   slots is None, None if index is None else (index.shape, index.stride(), index.dtype, index.device),
+                   None if positions is None else (positions.shape, positions.stride(), positions.dtype,
+                                                   positions.device),
+                   layout, seq_dim, inplace, backend, assume_valid, torch.is_grad_enabled())
+        except RuntimeError:                                            # (sparse tensors have no strides)
+            key = None
+        plan = plans.get(key)
+        if plan is not None:
+            paged, tokens, cap, token_dims = plan.data
+            all_valid = None if assume_valid else _check_ranges(index, positions, paged, tokens, cap, plan.rows,  # type: ignore[arg-type]
+                                                                False)
+            if not inplace or _shares_nothing(q, (k, v), token_dims):
+                return plan.run(q, k, v, k_cache, v_cache, cos, sin, index, positions, all_valid)
     paged = _cache_kind(cache_seqlens, slots)
     _check_no_grad(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, cos=cos, sin=sin)
     rotary = table_rotary_dim(cos, sin)
@@ -182,20 +212,24 @@ def rope_and_cache(
     cap = k_cache.shape[0] * k_cache.shape[1] if paged else k_cache.shape[2]
     all_valid = _check_ranges(index, positions, paged, tokens, cap, cos.shape[0], assume_valid)
     why = (_kernel_why(q, k, v, k_cache, v_cache, sd, paged) or "") if kernel_possible(backend, q) else ""
-    engine = choose_engine(backend, q, k, sd, why)
+    name = choose_engine(backend, q, k, sd, why)
+    mod = _engine("rope_and_cache", name)
     if inplace and not torch.compiler.is_compiling():
         check_inplace("q", q)
-    if engine == "triton":
-        from posenc.kernels import triton_cache
-
-        if inplace and not torch.compiler.is_compiling() and not _shares_nothing(q, (k, v), (0,) if paged else (0, sd)):
-            q_out = triton_cache.rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, index=index, positions=positions,
-                                                paged=paged, layout=layout, seq_dim=sd, inplace=False)
-            return q.copy_(q_out)                                      # q shares memory with k or v
-        return triton_cache.rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, index=index, positions=positions,
-                                           paged=paged, layout=layout, seq_dim=sd, inplace=inplace)
-    return _rope_and_cache_torch(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, layout, sd, inplace,
-                                 all_valid)
+    token_dims = (0,) if paged else (0, sd)
+    if torch.compiler.is_compiling():
+        return mod.rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, index=index, positions=positions, paged=paged,
+                                  layout=layout, seq_dim=sd, inplace=inplace, all_valid=all_valid)
+    if inplace and not _shares_nothing(q, (k, v), token_dims):
+        q_out = mod.rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, index=index, positions=positions, paged=paged,
+                                   layout=layout, seq_dim=sd, inplace=False, all_valid=all_valid)
+        return q.copy_(q_out)                                          # q shares memory with k or v
+    if name == "triton" and (cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride()):
+        key = None                                                     # (tables converted per call: no plan)
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    write = mod.prepare(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, layout, sd, inplace)
+    plans.put(key, plans.Plan(write, cos.shape[0], 0, False, (paged, tokens, cap, token_dims)))
+    return write(q, k, v, k_cache, v_cache, cos, sin, index, positions, all_valid)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -412,79 +446,3 @@ def _shares_nothing(q: torch.Tensor, others: tuple[torch.Tensor, ...], token_dim
             return False
         reach += step * (n - 1)
     return True
-
-
-# ------------------------------------------------------------------------------------------------
-# The torch engine: a rotation (posenc.kernels.torch_rope), then indexed writes
-
-
-def _rope_and_cache_torch(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged: bool, layout: str, sd: int,
-                          inplace: bool, all_valid: bool | None) -> torch.Tensor:
-    """The reference: rotate q and k with the torch engine, then write k and v with ``index_put_``."""
-    if paged:
-        rot_pos = positions                                                 # (T,)
-    else:
-        S = q.shape[sd]
-        arange = torch.arange(S, device=q.device)
-        rot_pos = positions if positions is not None else index.long()[:, None] + arange   # (B, S)
-    work = k
-    if k.dtype != k_cache.dtype:                                           # round once, to the cache dtype
-        wd = torch.float64 if torch.float64 in (k.dtype, k_cache.dtype) else working_dtype(k.dtype)
-        work = k.to(wd)
-    def rotate(x: torch.Tensor, y: torch.Tensor | None, in_place: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        try:
-            return torch_rope.rope_qk(x, y, cos=cos, sin=sin, positions=rot_pos, offset=0, layout=layout, seq_dim=sd,
-                                      inplace=in_place)
-        except ValueError as err:                                           # the lookup caught a broken promise
-            raise ValueError(str(err).replace("checked or computed", "checked")) from None
-
-    if inplace:
-        k_rot = rotate(work, None, False)[0]
-    else:
-        q_out, k_rot_or_none = rotate(q, work, False)
-        k_rot = work if k_rot_or_none is None else k_rot_or_none         # (never None: k was given)
-    if paged:
-        slot = index.long()                                                 # (T,)
-        block_size = k_cache.shape[1]
-        where = (slot // block_size, slot % block_size)
-        valid = None if all_valid else (slot >= 0) & (slot < k_cache.shape[0] * block_size)
-        k_rows, v_rows = k_rot, v                                           # (T, Hk, D)
-        k_dst, v_dst = k_cache, v_cache                                     # (num_blocks, block_size, Hk, D)
-    else:
-        B, S = q.shape[0], q.shape[sd]
-        row = (index.long()[:, None] + arange).reshape(-1)                 # (B * S,) cache indices
-        where = (torch.arange(B, device=q.device).repeat_interleave(S), row)
-        valid = None if all_valid else (row >= 0) & (row < k_cache.shape[2])
-        if sd == 2:
-            k_rot, v = k_rot.transpose(1, 2), v.transpose(1, 2)             # (B, Hk, S, D) -> (B, S, Hk, D)
-        k_rows, v_rows = k_rot.reshape(B * S, *k_rot.shape[2:]), v.reshape(B * S, *v.shape[2:])   # (B * S, Hk, D)
-        k_dst, v_dst = k_cache.transpose(1, 2), v_cache.transpose(1, 2)     # views (B, S_max, Hk, D)
-    _write_rows(k_dst, where, k_rows, valid)
-    _write_rows(v_dst, where, v_rows, valid)
-    if inplace:
-        return rotate(q, None, True)[0]
-    return q_out
-
-
-def _write_rows(dst: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
-                valid: torch.Tensor | None) -> None:
-    """``dst[where] = rows`` (cast to ``dst``'s dtype) for the tokens that are ``valid`` (all when None),
-    without reading anything back from the device.
-
-    A token that is not written repeats the write of the first written token (the same index and the
-    same value, so duplicates cannot conflict); when no token is written, they all write back the value
-    already at ``dst[0, 0]``.
-    """
-    rows = rows if rows.dtype == dst.dtype else rows.to(dst.dtype)
-    if valid is None:
-        dst.index_put_(where, rows)
-        return
-    n = valid.shape[0]
-    if not n:
-        return
-    first = valid.to(torch.uint8).argmax()                                # the first written token (0 if none)
-    src = torch.where(valid, torch.arange(n, device=valid.device), first)  # (N,) the token whose write to repeat
-    keep = valid[src]                                                     # False only when no token is written
-    where = (torch.where(keep, where[0][src], 0), torch.where(keep, where[1][src], 0))
-    keep_rows = keep.reshape(n, *([1] * (rows.dim() - 1)))
-    dst.index_put_(where, torch.where(keep_rows, rows[src], dst[where]))

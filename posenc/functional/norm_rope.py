@@ -18,7 +18,7 @@ import torch
 
 from posenc import _validate
 from posenc._deprecate import UNSET
-from posenc._torch.angles import working_dtype
+from posenc._torch import plans
 from posenc._torch.checks import check_float_tensor, check_position_args, check_qk, check_same_device
 from posenc._torch.rope_call import (
     check_table_options,
@@ -27,8 +27,7 @@ from posenc._torch.rope_call import (
     table_positions_ok,
     table_rotary_dim,
 )
-from posenc._torch.rows import broadcast_rows, table_rows
-from posenc.kernels import torch_rope
+from posenc.kernels import engine as _engine
 
 __all__ = ["rms_norm_rope_qk"]
 
@@ -127,6 +126,30 @@ def rms_norm_rope_qk(
         Zhang and Sennrich 2019, "Root Mean Square Layer Normalization" (arXiv:1910.07467); Su et
         al. 2021, "RoFormer" (arXiv:2104.09864); Qwen3, Gemma 3 and OLMo 2 technical reports.
     """
+    key = None
+    T = torch.Tensor
+    if (assume_in_table is UNSET and type(q) is T and (k is None or type(k) is T) and type(q_weight) is T
+            and (k_weight is None or type(k_weight) is T) and type(cos) is T and type(sin) is T
+            and (positions is None or type(positions) is T) and type(offset) is int and type(seq_dim) is int
+            and (assume_valid is False or assume_valid is True) and type(eps) is float
+            and type(weight_offset) is float and not torch.compiler.is_compiling()):
+        # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans)
+        try:
+            key = ("rms_norm_rope_qk", q.shape, q.stride(), q.dtype, q.device, q.requires_grad,
+                   None if k is None else (k.shape, k.stride(), k.dtype, k.device, k.requires_grad),
+                   q_weight.shape, q_weight.stride(), q_weight.dtype, q_weight.device, q_weight.requires_grad,
+                   None if k_weight is None else (k_weight.shape, k_weight.stride(), k_weight.dtype, k_weight.device,
+                                                  k_weight.requires_grad),
+                   cos.shape, cos.stride(), cos.dtype, cos.device, cos.requires_grad,
+                   sin.shape, sin.stride(), sin.dtype, sin.device, sin.requires_grad,
+                   None if positions is None else (positions.shape, positions.stride(), positions.dtype,
+                                                   positions.device),
+                   eps, weight_offset, layout, seq_dim, backend, assume_valid, torch.is_grad_enabled())
+        except RuntimeError:                                            # (sparse tensors have no strides)
+            key = None
+        plan = plans.find(key, q, k, positions, offset, False)
+        if plan is not None:
+            return plan.run(q, k, q_weight, k_weight, cos, sin, positions, offset)
     if assume_in_table is not UNSET:
         assume_valid = promise("rms_norm_rope_qk", assume_in_table, assume_valid)
     sd = check_qk(q, k, seq_dim, table_rotary_dim(cos, sin))
@@ -141,80 +164,44 @@ def rms_norm_rope_qk(
     eps = _validate.check_float("eps", eps, positive=True)
     weight_offset = _validate.check_float("weight_offset", weight_offset)
     head_axis = 3 - sd                                                  # (B, H, S, D): 1; (B, S, H, D): 2
-    q_token = _norm_extent("q_weight", q_weight, q, head_axis)
+    _check_norm_weight("q_weight", q_weight, q, head_axis)
     if k is None:
         if k_weight is not None:
             raise ValueError("k_weight is given but k is None; pass k (keys to normalise) or k_weight=None")
-        k_token = False
+        pass
     elif k_weight is None:
         raise ValueError("k is given but k_weight is None; pass k's RMSNorm weight, (D,) or (H_k*D,)")
     else:
-        k_token = _norm_extent("k_weight", k_weight, k, head_axis)
+        _check_norm_weight("k_weight", k_weight, k, head_axis)
     seq_len = q.shape[sd]
     positions, offset = check_position_args(positions, offset, seq_len, q.shape[0], q.device)
     positions = table_positions_ok(positions, offset, seq_len, cos.shape[0], assume_valid)
     why = None
     if cos.requires_grad or sin.requires_grad:
         why = "gradients with respect to cos/sin are computed by the torch engine"
-    if choose_engine(backend, q, k, sd, why) == "triton":
-        return _triton_engine()(q, k, q_weight, k_weight, cos=cos, sin=sin, positions=positions, offset=offset,
-                                eps=eps, weight_offset=weight_offset, layout=layout, seq_dim=sd)
-    c = table_rows(cos, positions, offset, seq_len)                     # (S, d/2) or (B, S, d/2)
-    s = table_rows(sin, positions, offset, seq_len)
-    c, s = broadcast_rows(c, 4, sd), broadcast_rows(s, 4, sd)           # against (B, H, S, d/2) or (B, S, H, d/2)
-    q_out = norm_rope_reference(q, q_weight, c, s, eps=eps, weight_offset=weight_offset, layout=layout,
-                                head_axis=head_axis, token=q_token)
-    if k is None or k_weight is None:
-        return q_out, None
-    return q_out, norm_rope_reference(k, k_weight, c, s, eps=eps, weight_offset=weight_offset, layout=layout,
-                                      head_axis=head_axis, token=k_token)
+    name = choose_engine(backend, q, k, sd, why)
+    mod = _engine("rms_norm_rope_qk", name)
+    if torch.compiler.is_compiling():
+        return mod.rms_norm_rope_qk(q, k, q_weight, k_weight, cos=cos, sin=sin, positions=positions, offset=offset,
+                                    eps=eps, weight_offset=weight_offset, layout=layout, seq_dim=sd)
+    if name == "triton" and (cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride()):
+        key = None                                                      # (tables converted per call: no plan)
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    rotation = mod.prepare(q, k, q_weight, k_weight, cos, sin, positions, offset, eps, weight_offset, layout, sd)
+    read_range = positions is not None and not assume_valid and seq_len > 0
+    plans.put(key, plans.Plan(rotation, cos.shape[0], seq_len, read_range))
+    return rotation(q, k, q_weight, k_weight, cos, sin, positions, offset)
 
 
-def _triton_engine():
-    """The Triton engine's entry point, imported on first use (an import statement, which
-    ``torch.compile`` follows)."""
-    from posenc.kernels import triton_norm_rope
-
-    return triton_norm_rope.rms_norm_rope_qk
-
-
-def _norm_extent(name: str, weight: object, x: torch.Tensor, head_axis: int) -> bool:
-    """Check an RMSNorm weight of ``x``; True when it normalises all heads of a token together."""
+def _check_norm_weight(name: str, weight: object, x: torch.Tensor, head_axis: int) -> None:
+    """Check an RMSNorm weight of ``x``: ``(D,)`` (each head) or ``(H*D,)`` (all heads of a token together)."""
     weight = check_float_tensor(name, weight)
     if weight.device != x.device:
         check_same_device(name, weight, "q", x.device)
     heads, dim = x.shape[head_axis], x.shape[-1]
-    if weight.dim() == 1 and weight.shape[0] == dim:
-        return False
-    if weight.dim() == 1 and weight.shape[0] == heads * dim:
-        return True
+    if weight.dim() == 1 and weight.shape[0] in (dim, heads * dim):
+        return
     raise ValueError(
         f"{name} must have shape ({dim},) to normalise each head (Qwen3, Gemma-3) or ({heads * dim},) = (H*D,) to "
         f"normalise all {heads} heads of a token together (OLMo-2); got {tuple(weight.shape)}"
     )
-
-
-def norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, eps: float,
-                        weight_offset: float, layout: str, head_axis: int, token: bool) -> torch.Tensor:
-    """The plain differentiable reference: ``rotate(x * rsqrt(mean(x^2) + eps) * (weight_offset + weight))``.
-
-    ``x`` is 4-D with its heads on ``head_axis``; ``cos``/``sin`` broadcast against ``x[..., :d/2]``;
-    ``token`` normalises all heads of a token together (``weight`` ``(H*D,)``), else each head
-    (``weight`` ``(D,)``).  Float32 math (float64 for float64 ``x``), one rounding to ``x``'s dtype.
-    """
-    ct = working_dtype(x.dtype)
-    xf = x.to(ct)
-    w = weight.to(ct)
-    if token:
-        ms = xf.pow(2).mean(dim=(head_axis, -1), keepdim=True)          # (B, 1, S, 1) or (B, S, 1, 1)
-        shape = [1, 1, 1, x.shape[-1]]
-        shape[head_axis] = x.shape[head_axis]
-        w = w.reshape(shape)                                            # (1, H, 1, D) or (1, 1, H, D)
-    else:
-        ms = xf.pow(2).mean(dim=-1, keepdim=True)                       # (B, H, S, 1) or (B, S, H, 1)
-    u = xf * torch.rsqrt(ms + eps) * (weight_offset + w)
-    rot = 2 * cos.shape[-1]
-    y = torch_rope.rotate_reference(u, cos, sin, layout=layout)        # (working dtype: no rounding yet)
-    if rot < x.shape[-1]:
-        y = torch.cat([y, u[..., rot:]], dim=-1)                        # normalised pass-through features
-    return y.to(x.dtype)

@@ -26,6 +26,7 @@ import torch
 
 from posenc import _validate
 from posenc._deprecate import UNSET
+from posenc._torch import plans
 from posenc._torch.angles import check_float64_available, exact_cos_sin
 from posenc._torch.backend import (
     check_rope_backend,
@@ -47,6 +48,7 @@ from posenc._torch.rope_call import (
     choose_engine,
     feed,
     promise,
+    rotate,
     table_positions_ok,
     table_rotary_dim,
 )
@@ -56,8 +58,7 @@ from posenc.core import exact as core_exact
 from posenc.core import rope as core_rope
 from posenc.core.notices import LOGGER_NAME
 from posenc.core.rope import ROPE_LAYOUTS
-from posenc.kernels import rope_engine, torch_rope
-from posenc.kernels.torch_decode import decode_qk
+from posenc.kernels import engine, rope_engine, torch_rope
 
 __all__ = [
     "apply_rope",
@@ -405,15 +406,26 @@ def apply_rope_qk(
         >>> torch.equal(packed[3:], alone[0])
         True
     """
-    if positions is None and cu_seqlens is None and inplace is False and layout in ROPE_LAYOUTS and (
-            (backend == "auto" or backend == "torch") and (assume_valid is False or assume_valid is True)
-            and assume_in_table is UNSET and type(cos) is torch.Tensor and type(sin) is torch.Tensor):
-        # a decode step at a host-known offset inside float32 tables of one shape: its cost floor
-        if cos.dtype is torch.float32 and sin.dtype is torch.float32 and cos.dim() == 2 and cos.shape == sin.shape and (
-                sin.device == cos.device):
-            out = decode_qk(q, k, seq_dim, offset, 2 * cos.shape[1], cos.shape[0], backend, None, (cos, sin, layout))
-            if out is not None:
-                return out
+    key = None
+    if (cu_seqlens is None and assume_in_table is UNSET and type(q) is torch.Tensor and type(cos) is torch.Tensor
+            and type(sin) is torch.Tensor and type(offset) is int and type(seq_dim) is int
+            and (k is None or type(k) is torch.Tensor) and (positions is None or type(positions) is torch.Tensor)
+            and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
+            and not torch.compiler.is_compiling()):
+        # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans)
+        try:
+            key = ("apply_rope_qk", q.shape, q.stride(), q.dtype, q.device, q.requires_grad,
+                   None if k is None else (k.shape, k.stride(), k.dtype, k.device, k.requires_grad),
+                   cos.shape, cos.stride(), cos.dtype, cos.device, cos.requires_grad,
+                   sin.shape, sin.stride(), sin.dtype, sin.device, sin.requires_grad,
+                   None if positions is None else (positions.shape, positions.stride(), positions.dtype,
+                                                   positions.device),
+                   layout, seq_dim, inplace, backend, assume_valid, torch.is_grad_enabled())
+        except RuntimeError:                                            # (sparse tensors have no strides)
+            key = None
+        plan = plans.find(key, q, k, positions, offset, inplace)
+        if plan is not None:
+            return plan.run(q, k, cos, sin, positions, offset)
     if assume_in_table is not UNSET:
         assume_valid = promise("apply_rope_qk", assume_in_table, assume_valid)
     if cu_seqlens is not None:
@@ -423,8 +435,9 @@ def apply_rope_qk(
                                           assume_valid)
     check_table_options(q, cos, sin, layout, backend)
     positions = table_positions_ok(positions, offset, q.shape[sd], cos.shape[0], assume_valid)
-    engine = rope_engine(choose_engine(backend, q, k, sd))
-    return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=sd)
+    read_range = positions is not None and not assume_valid and q.shape[sd] > 0
+    return rotate(key, engine("rope_qk", choose_engine(backend, q, k, sd)), q, k, cos, sin, None, positions, offset, layout, sd, inplace,
+                  read_range)
 
 
 def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens):

@@ -9,8 +9,11 @@ not change the values beyond the rounding of the working precision:
   call or while tracing (``torch.compile``/``torch.export``), where the other paths' in-place
   updates and Python loops have no place;
 - **small** tensors (up to :data:`BLOCK` elements, e.g. one decode step): as few torch calls as
-  possible, because each call costs more than its arithmetic.  Half-split pairs take
-  ``x * [cos, cos] + roll(x, d/2) * [-sin, sin]``; interleaved pairs one complex multiplication;
+  possible, because each call costs more than its arithmetic.  The rows are read in their packed
+  form (:func:`pack_tables`, the form ``RotaryEmbedding`` keeps its table in; built from ``cos``/``sin``
+  rows otherwise): half-split pairs take ``x * [cos | cos] + roll(x, d/2) * [-sin | sin]``,
+  interleaved pairs one complex multiplication by ``cos + i sin``; a decode step's q and k (batch 1)
+  are rotated as one tensor;
 - **large** tensors: cache-sized blocks, each read once, rotated in cache and written once, straight
   into the output (out of place) or back into ``x`` (in place).
 
@@ -26,7 +29,7 @@ from posenc._torch.angles import working_dtype
 from posenc._torch.rows import broadcast_rows, table_rows
 from posenc._torch.varlen import varlen_positions
 
-__all__ = ["BLOCK", "rope_qk", "rotate", "rotate_reference"]
+__all__ = ["BLOCK", "pack_tables", "prepare", "rope_qk", "rotate", "rotate_reference", "unpack_tables"]
 
 #: Elements per block of the cache-blocked path (float32: 1 MiB); smaller tensors take the small path.
 BLOCK = 1 << 18
@@ -132,33 +135,29 @@ def _rotate_blocked(src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin
             db.copy_(work)                                                 # one rounding to x's dtype
 
 
-def _half_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([cos, cos], [-sin, sin])``, multiplying ``x`` and ``roll(x, d/2)`` on the small path."""
-    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
-
-
-def _rotate_small(x: torch.Tensor, factors, h: int, layout: str, inplace: bool) -> torch.Tensor:
-    """Rotate a small ``x`` in a handful of torch calls (see the module docstring).
-
-    ``factors`` are :func:`_half_factors` for the half layout, the complex ``cos + i sin`` for the
-    interleaved one, in the working dtype of ``x``.
-    """
-    d = 2 * h
-    xr = x if d == x.shape[-1] else x[..., :d]
+def _rotate_rows(x: torch.Tensor, rows: torch.Tensor, h: int, layout: str) -> torch.Tensor:
+    """``x (..., 2h)`` rotated by packed float32 ``rows`` (:func:`pack_tables`) that broadcast against it:
+    a new tensor of ``x``'s dtype (float32 products, one rounding)."""
     if layout == "half":
-        rot = xr * factors[0]                                              # float32 even for half-precision x
-        rot.addcmul_(xr.roll(h, -1), factors[1])                          # x2 -> first half, x1 -> second
+        a, b = rows.chunk(2, -1)                                          # [cos | cos], [-sin | sin]
+        rot = x * a                                                        # float32 even for half-precision x
+        rot.addcmul_(x.roll(h, -1), b)                                    # x2 -> first half, x1 -> second
     else:
-        ct = working_dtype(x.dtype)
-        xw = xr if xr.dtype == ct else xr.to(ct)
+        xw = x if x.dtype == torch.float32 else x.float()
         xc = _complex_view(xw)
         if xc is None:
             # odd strides or an odd storage offset (a view starting at an odd element, which
             # contiguous() would return as it is): a fresh contiguous copy always has a complex view
-            xc = _complex_view(xw.clone(memory_format=torch.contiguous_format))
-        rot = torch.view_as_real(xc * factors[0]).flatten(-2)
-    if rot.dtype != x.dtype:
-        rot = rot.to(x.dtype)                                              # one rounding
+            xc = torch.view_as_complex(xw.clone(memory_format=torch.contiguous_format).unflatten(-1, (h, 2)))
+        rot = torch.view_as_real(xc * torch.view_as_complex(rows.unflatten(-1, (h, 2)))).flatten(-2)
+    return rot if rot.dtype == x.dtype else rot.to(x.dtype)               # one rounding
+
+
+def _rotate_small(x: torch.Tensor, rows: torch.Tensor, h: int, layout: str, inplace: bool) -> torch.Tensor:
+    """Rotate a small ``x`` by packed ``rows`` in a handful of torch calls (see the module docstring)."""
+    d = 2 * h
+    xr = x if d == x.shape[-1] else x[..., :d]
+    rot = _rotate_rows(xr, rows, h, layout)
     if inplace:
         xr.copy_(rot)
         return x
@@ -171,15 +170,7 @@ def _rotate_small(x: torch.Tensor, factors, h: int, layout: str, inplace: bool) 
     return out
 
 
-def _small_factors(cos: torch.Tensor, sin: torch.Tensor, layout: str, dtype: torch.dtype):
-    """The small path's factors for inputs of ``dtype``, in its working dtype."""
-    ct = working_dtype(dtype)
-    c = cos if cos.dtype == ct else cos.to(ct)
-    s = sin if sin.dtype == ct else sin.to(ct)
-    return _half_factors(c, s) if layout == "half" else (torch.complex(c, s),)
-
-
-def _rotate_small_qk(q: torch.Tensor, k: torch.Tensor | None, factors, h: int, layout: str, inplace: bool,
+def _rotate_small_qk(q: torch.Tensor, k: torch.Tensor | None, rows: torch.Tensor, h: int, layout: str, inplace: bool,
                      seq_dim: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The small path for q and k (same dtype).  A decode step's q and k (batch 1, one token) are
     rotated as one tensor, concatenated along the head axis and split back into contiguous outputs:
@@ -189,11 +180,11 @@ def _rotate_small_qk(q: torch.Tensor, k: torch.Tensor | None, factors, h: int, l
         head = 1 if seq_dim == 2 else 2                                    # (B, H, S, D) or (B, S, H, D)
         qs, ks = q.shape, k.shape
         if qs[0] == 1 and ks[0] == 1 and (head == 1 or qs[1] == ks[1] == 1) and qs[head + 1 :] == ks[head + 1 :]:
-            both = _rotate_small(torch.cat([q, k], head), factors, h, layout, False)
+            both = _rotate_rows(torch.cat([q, k], head), rows, h, layout)
             q_out, k_out = both.split_with_sizes([qs[head], ks[head]], head)
             return q_out, k_out
-    return _rotate_small(q, factors, h, layout, inplace), (
-        None if k is None else _rotate_small(k, factors, h, layout, inplace))
+    return _rotate_small(q, rows, h, layout, inplace), (
+        None if k is None else _rotate_small(k, rows, h, layout, inplace))
 
 
 def _rotate_large(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
@@ -226,17 +217,27 @@ def _rotate_pair(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin
     if _needs_reference(q, k, cos, sin):
         q_out = _reference_call(q, cos, sin, h, layout, inplace)
         return q_out, None if k is None else _reference_call(k, cos, sin, h, layout, inplace)
-    if q.numel() <= BLOCK and (k is None or (k.numel() <= BLOCK and k.dtype == q.dtype)):
-        return _rotate_small_qk(q, k, _small_factors(cos, sin, layout, q.dtype), h, layout, inplace, seq_dim)
+    if _small(q, k):
+        return _rotate_small_qk(q, k, _float32(pack_tables(cos, sin, layout)), h, layout, inplace, seq_dim)
     q_out = _rotate_one(q, cos, sin, h, layout, inplace)
     return q_out, None if k is None else _rotate_one(k, cos, sin, h, layout, inplace)
 
 
+def _small(q: torch.Tensor, k: torch.Tensor | None) -> bool:
+    """Whether q and k take the small path: up to :data:`BLOCK` elements each, one dtype, float32 work."""
+    return q.numel() <= BLOCK and q.dtype != torch.float64 and (
+        k is None or (k.numel() <= BLOCK and k.dtype == q.dtype))
+
+
+def _float32(rows: torch.Tensor) -> torch.Tensor:
+    return rows if rows.dtype == torch.float32 else rows.float()
+
+
 def _rotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
                 inplace: bool) -> torch.Tensor:
-    if x.numel() > BLOCK:
+    if x.numel() > BLOCK or x.dtype == torch.float64:
         return _rotate_large(x, cos, sin, h, layout, inplace)
-    return _rotate_small(x, _small_factors(cos, sin, layout, x.dtype), h, layout, inplace)
+    return _rotate_small(x, _float32(pack_tables(cos, sin, layout)), h, layout, inplace)
 
 
 def _reference_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int, layout: str,
@@ -276,19 +277,19 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate q and k by the rows of ``(P, h)`` tables for ``positions`` or ``offset + arange(S)``.
 
-    The tables are ``cos`` and ``sin``, or ``packed`` (their float32 :func:`pack_tables` form, as
-    ``RotaryEmbedding`` stores them; then ``cos``/``sin`` are None), which saves the small path's
-    per-call preparation.  ``seq_dim`` is the non-negative sequence axis of q and k; positions lie
-    inside the tables (the caller checked or guarded them; the lookup is bounds-checked as well).
-    With ``cu_seqlens``, q and k are packed ``(T, H, D)`` sequences whose positions restart at
-    ``offset`` (an int, or a tensor with one first position per sequence).
+    The engine interface of :mod:`posenc.kernels`.  The tables are ``cos``/``sin`` (views of any
+    strides), or ``packed``: the table in its :func:`pack_tables` form (float32, as ``RotaryEmbedding``
+    stores it), which the small path reads without building rows (``cos``/``sin`` may then be None).  ``seq_dim``
+    is the non-negative sequence axis of q and k; positions lie inside the tables (the caller checked
+    or guarded them; the lookup is bounds-checked as well).  With ``cu_seqlens``, q and k are packed
+    ``(T, H, D)`` sequences whose positions restart at ``offset`` (an int, or a tensor with one first
+    position per sequence).
     """
     if cu_seqlens is not None:
         pos = varlen_positions(cu_seqlens, q.shape[0], offset)[None]      # (1, T)
         if torch.compiler.is_compiling():
             # (the caller asserted the range; a gather failing inside a compiled CPU loop would abort)
-            rows = (packed if packed is not None else cos).shape[0]      # type: ignore[union-attr]
-            pos = pos.clamp(0, rows - 1)
+            pos = pos.clamp(0, (cos if cos is not None else packed).shape[0] - 1)   # type: ignore[union-attr]
         qo, ko = rope_qk(q[None], None if k is None else k[None], cos=cos, sin=sin, positions=pos, offset=0,
                          layout=layout, seq_dim=1, inplace=inplace, packed=packed)   # (1, T, H, D)
         if inplace:
@@ -297,14 +298,19 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     assert not isinstance(offset, torch.Tensor)                            # per-sequence offsets need cu_seqlens
     seq_len = q.shape[seq_dim]
     nd = q.dim()
-    if packed is not None:
-        # (the reference test first: while tracing, no size test may become a guard on the shapes)
-        if not _needs_reference(q, k, packed, packed) and q.numel() <= BLOCK and q.dtype != torch.float64 and (
-                k is None or (k.numel() <= BLOCK and k.dtype == q.dtype)):
-            return _rotate_small_packed(q, k, packed, positions, offset, seq_len, seq_dim, layout, inplace)
-        cos, sin = unpack_tables(packed, layout)
-    elif cos is None or sin is None:
-        raise TypeError("rope_qk needs the tables: cos and sin, or packed")
+    if cos is None or sin is None:
+        cos, sin = unpack_tables(packed, layout)                           # type: ignore[arg-type]
+    # (the reference test first: while tracing, no size test may become a guard on the shapes)
+    if not _needs_reference(q, k, cos, sin) and _small(q, k):
+        h = cos.shape[-1]
+        if packed is not None:
+            rows = table_rows(packed, positions, offset, seq_len)          # (S, 4h | 2h) or (B, S, ...)
+        else:
+            rows = pack_tables(table_rows(cos, positions, offset, seq_len), table_rows(sin, positions, offset, seq_len),
+                               layout)
+        if rows.dim() != 2 or seq_dim != nd - 2:
+            rows = broadcast_rows(rows, nd, seq_dim)
+        return _rotate_small_qk(q, k, _float32(rows), h, layout, inplace, seq_dim)
     c = table_rows(cos, positions, offset, seq_len)
     s = table_rows(sin, positions, offset, seq_len)
     if c.dim() != 2 or seq_dim != nd - 2:
@@ -312,15 +318,89 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     return _rotate_pair(q, k, c, s, layout, inplace, seq_dim)
 
 
-def _rotate_small_packed(q, k, packed, positions, offset, seq_len, seq_dim, layout, inplace):
-    """The small path reading its factors straight from packed rows: one lookup, no preparation."""
-    rows = table_rows(packed, positions, offset, seq_len)                  # (S, 4h | 2h) or (B, S, ...)
-    if rows.dim() != 2 or seq_dim != q.dim() - 2:
-        rows = broadcast_rows(rows, q.dim(), seq_dim)
-    if layout == "half":
-        h = rows.shape[-1] // 4
-        factors = rows.chunk(2, -1)                                        # [cos | cos], [-sin | sin]
-    else:
-        h = rows.shape[-1] // 2
-        factors = (torch.view_as_complex(rows.unflatten(-1, (h, 2))),)
-    return _rotate_small_qk(q, k, factors, h, layout, inplace, seq_dim)
+#: The one rounding back from float32 of a decode step, by the tensor method that costs least per call.
+_NARROW = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half}
+
+
+def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool, cu_seqlens=None):
+    """The eager call of :func:`rope_qk` for calls like this one: ``rotation(q, k, cos, sin, positions,
+    offset, cu_seqlens=None, packed=None) -> (q_out, k_out)``.
+
+    A decode step (small q and k, out of place, at an offset, no autograd) gets a rotation with its
+    path decided here: one lookup of the rows (in their packed form when ``packed`` is passed), then
+    the small path's few calls; any other call takes :func:`rope_qk`, which picks its path by size.
+    """
+    h, S, nd = cos.shape[-1], q.shape[seq_dim], q.dim()
+    if (positions is not None or cu_seqlens is not None or inplace or _needs_reference(q, k, cos, sin)
+            or not _small(q, k)):
+        def rotation(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None):
+            return rope_qk(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=seq_dim,
+                           inplace=inplace, packed=packed, cu_seqlens=cu_seqlens)
+        return rotation
+    # rows (S, W) against x: as they are for (..., S, D), else (S, 1, W); one row broadcasts as (W,)
+    shape = None if seq_dim == nd - 2 or S == 1 else broadcast_rows(cos.new_empty(S, 1, device="meta"), nd,
+                                                                      seq_dim).shape[:-1]
+    head = 1 if seq_dim == 2 else 2                                         # (B, H, S, D) or (B, S, H, D)
+    concat = (k is not None and nd == 4 and seq_dim in (1, 2) and 2 * h == q.shape[-1] and q.shape[0] == 1
+              and k.shape[0] == 1 and (head == 1 or q.shape[1] == k.shape[1] == 1)
+              and q.shape[head + 1:] == k.shape[head + 1:])
+    sizes = (q.shape[head], k.shape[head]) if concat else None
+    half = layout == "half"
+    pairs = (*q.shape[:head], (q.shape[head] + k.shape[head]) if concat else 0, *q.shape[head + 1:-1], h, 2)
+    halves = (*pairs[:-2], 2, h)
+
+    def decode(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None):
+        if packed is None and concat and S == 1:
+            return _token(q, k, cos[offset], sin[offset])
+        # (one token: an integer index costs half what a one-row slice does)
+        if packed is not None:
+            rows = packed[offset] if S == 1 else packed.narrow(0, offset, S)   # (4h | 2h) or (S, 4h | 2h)
+        elif S == 1:
+            rows = pack_tables(cos[offset], sin[offset], layout)
+        else:
+            rows = pack_tables(cos.narrow(0, offset, S), sin.narrow(0, offset, S), layout)
+        if shape is not None:
+            rows = rows.view(*shape, rows.shape[-1])                        # e.g. (S, 1, W) against (B, S, H, D)
+        if rows.dtype != torch.float32:
+            rows = rows.float()
+        if concat:                                      # (a fresh float32 tensor: rotated in place, in few calls)
+            both = torch.cat([q, k], head)
+            dtype = both.dtype
+            if dtype != torch.float32:
+                both = both.float()
+            if half:
+                a, b = rows.chunk(2, -1)                                    # [cos | cos], [-sin | sin]
+                rot = both.roll(h, -1)                                      # x2 first, then x1
+                both.mul_(a).addcmul_(rot, b)
+            else:
+                torch.view_as_complex(both.view(pairs)).mul_(torch.view_as_complex(rows.view(*rows.shape[:-1], h, 2)))
+            if dtype != torch.float32:
+                both = _NARROW[dtype](both)                                 # one rounding
+            return both.split_with_sizes(sizes, head)
+        return _rotate_small(q, rows, h, layout, False), (None if k is None else _rotate_small(k, rows, h, layout, False))
+
+    def _token(q, k, c, s):
+        """One token from ``(h,)`` cos/sin rows, with no packed rows to build: the half layout as
+        ``x * cos`` on the ``(..., 2, h)`` view, then ``- x2 * sin`` and ``+ x1 * sin`` added to its two
+        halves (the products and sums of the packed rows, and of the large path), the interleaved one
+        as a multiplication by ``complex(cos, sin)``."""
+        both = torch.cat([q, k], head)
+        dtype = both.dtype
+        if dtype != torch.float32:
+            both = both.float()
+        if c.dtype != torch.float32:
+            c, s = c.float(), s.float()
+        if half:
+            x = both.view(halves)                                           # (..., 2, h): the pairs' two members
+            x1, x2 = x.unbind(-2)
+            both = x * c
+            o1, o2 = both.unbind(-2)
+            o1.addcmul_(x2, s, value=-1)
+            o2.addcmul_(x1, s)
+            both = both.view(pairs[:-2] + (2 * h,))
+        else:
+            torch.view_as_complex(both.view(pairs)).mul_(torch.complex(c, s))
+        if dtype != torch.float32:
+            both = _NARROW[dtype](both)                                     # one rounding
+        return both.split_with_sizes(sizes, head)
+    return decode

@@ -13,9 +13,11 @@ writes outside the caches; a position outside the tables gives NaN rows, as in
 k and v of a token are read before its q is written, and q may be rotated in place when it shares
 a buffer with k and v (views of one fused qkv projection) as long as no element is shared.
 
-The launch is registered as two custom ops, ``posenc::rope_and_cache`` (returns a new q, mutates the
-caches) and ``posenc::rope_and_cache_`` (also mutates q), each with a fake implementation, so
-``torch.compile(fullgraph=True)`` traces it.  There is no autograd formula: this is for inference.
+An eager call launches the compiled kernel directly through a launch specialised once per signature
+(:mod:`posenc.kernels.triton_launch`, :func:`prepare`).  While tracing, the launch is one of two custom
+ops, ``posenc::rope_and_cache`` (returns a new q, mutates the caches) and ``posenc::rope_and_cache_``
+(also mutates q), each with a fake implementation, so ``torch.compile(fullgraph=True)`` traces it.
+There is no autograd formula: this is for inference.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from posenc.kernels.triton_rope import _rotate_heads, num_warps, on_device, table_row
+from posenc.kernels.triton_launch import Launch
+from posenc.kernels.triton_rope import _float32_tables, _rotate_heads, num_warps, table_row
 
-__all__ = ["rope_and_cache"]
+__all__ = ["prepare", "rope_and_cache"]
 
 
 @triton.jit
@@ -45,11 +48,11 @@ def _copy_heads(src_ptr, dst_ptr, n_heads, s_h, s_d, o_h, o_d, start, stop,
 @triton.jit
 def _rope_cache_kernel(
     q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pos_ptr, idx_ptr,
-    S, HQ, HK, DQ: tl.constexpr, DK: tl.constexpr, H2: tl.constexpr, P, CAP, BLOCK_SIZE,
+    S, HQ, HK, P, CAP, BLOCK_SIZE,
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, so_b, so_s, so_h, so_d,
     skc_blk, skc_row, skc_h, skc_d, svc_blk, svc_row, svc_h, svc_d,
     sp_b, sp_s, s_idx, st_row, st_col,
-    PAGED: tl.constexpr, HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_Q: tl.constexpr,
+    DQ: tl.constexpr, DK: tl.constexpr, H2: tl.constexpr, PAGED: tl.constexpr, HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_Q: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HC: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
@@ -132,15 +135,28 @@ def launch_args(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged
     block_hc = max(1, min(triton.next_power_of_2(max(hq, hk, 1)), max(1, 4096 // block_c)))
     args = (
         q, k, v, qo, k_cache, v_cache, cos, sin, positions if positions is not None else index, index,
-        S, hq, hk, dq, dk, h2, cos.shape[0], cap, block_size,
+        S, hq, hk, cos.shape[0], cap, block_size,
         *sq, *sk, *sv, *so, *_cache_axes(k_cache, paged), *_cache_axes(v_cache, paged),
         *sp, index.stride(0), cos.stride(0), cos.stride(1),
     )
     tile = min(block_h * block_d * (2 if interleaved else 1), block_hc * block_c)   # the smaller tile sets the warps
-    meta = dict(PAGED=paged, HAS_POS=positions is not None, INTERLEAVED=interleaved,
+    meta = dict(DQ=dq, DK=dk, H2=h2, PAGED=paged, HAS_POS=positions is not None, INTERLEAVED=interleaved,
                 COPY_Q=qo is not q and 2 * h2 < dq, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_HC=block_hc,
                 BLOCK_C=block_c, num_warps=num_warps(tile, min(q.element_size(), k_cache.element_size())))
     return (B * S,), args, meta
+
+
+#: The kernel's tensor arguments come first; a call changes nothing else.
+_TENSORS = 10
+
+
+def specialize(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged: bool, interleaved: bool,
+               seq_dim: int) -> Launch:
+    """The launch of calls like this one (same shapes, strides and dtypes), specialised once; call it
+    with ``(q, k, v, qo, k_cache, v_cache, cos, sin, positions or index, index)``."""
+    grid, args, meta = launch_args(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged, interleaved,
+                                   seq_dim)
+    return Launch(_rope_cache_kernel, grid, args[_TENSORS:], meta, _TENSORS)
 
 
 def launch(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged: bool, interleaved: bool,
@@ -151,8 +167,35 @@ def launch(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged: boo
                                    seq_dim)
     if grid[0] == 0:
         return
-    with on_device(q):
-        _rope_cache_kernel[grid](*args, **meta)
+    Launch(_rope_cache_kernel, grid, args[_TENSORS:], meta, _TENSORS).fallback(args[:_TENSORS])
+
+
+class _CacheWrite:
+    """The eager rotation + cache write of calls with one signature (see :func:`rope_and_cache`)."""
+
+    __slots__ = ("launch", "inplace")
+
+    def __init__(self, launch: Launch | None, inplace: bool):
+        self.launch, self.inplace = launch, inplace
+
+    def __call__(self, q, k, v, k_cache, v_cache, cos, sin, index, positions, all_valid=None):
+        qo = q if self.inplace else torch.empty_like(q)
+        if self.launch is not None:                                    # (None: no token to write)
+            self.launch(q, k, v, qo, k_cache, v_cache, cos, sin, index if positions is None else positions, index)
+        return qo
+
+
+def prepare(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged: bool, layout: str, seq_dim: int,
+            inplace: bool) -> _CacheWrite:
+    """The eager call of :func:`rope_and_cache` for calls like this one, specialised once (the tables
+    already float32 with one pair of strides): ``write(q, k, v, k_cache, v_cache, cos, sin, index,
+    positions, all_valid=None) -> q_out`` (``all_valid`` is not read: the kernel skips writes outside
+    the cache)."""
+    qo = q if inplace else torch.empty_like(q, device="meta")
+    tokens = q.shape[0] * (1 if paged else q.shape[seq_dim])
+    launch = None if not tokens else specialize(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged,
+                                                layout == "interleaved", seq_dim)
+    return _CacheWrite(launch, inplace)
 
 
 @torch.library.custom_op("posenc::rope_and_cache", mutates_args=("k_cache", "v_cache"))
@@ -185,18 +228,21 @@ def _(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, interleaved,
 
 def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, *, index: torch.Tensor, positions: torch.Tensor | None,
-                   paged: bool, layout: str, seq_dim: int, inplace: bool) -> torch.Tensor:
+                   paged: bool, layout: str, seq_dim: int, inplace: bool, all_valid: bool | None = None) -> torch.Tensor:
     """Rotate q (returned) and write rotated k and v into the caches, in one launch.
 
-    ``index`` is ``cache_seqlens`` ``(B,)`` (contiguous cache, q ``(B, H, S, D)`` with ``seq_dim`` 2
-    or ``(B, S, H, D)`` with ``seq_dim`` 1) or ``slots`` ``(T,)`` (``paged``, q ``(T, H, D)``).
-    ``inplace`` rotates q itself; the caller has made sure q shares no element with k or v.
-    Callers validate the arguments and pick this engine.
+    The engine interface of :mod:`posenc.kernels`.  ``index`` is ``cache_seqlens`` ``(B,)``
+    (contiguous cache, q ``(B, H, S, D)`` with ``seq_dim`` 2 or ``(B, S, H, D)`` with ``seq_dim`` 1)
+    or ``slots`` ``(T,)`` (``paged``, q ``(T, H, D)``).  ``inplace`` rotates q itself; the caller has
+    made sure q shares no element with k or v.  Callers validate the arguments and pick this engine.
     """
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
-        cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
-    interleaved = layout == "interleaved"
-    if inplace:
-        _rope_and_cache_inplace_op(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, interleaved, seq_dim)
-        return q
-    return _rope_and_cache_op(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, interleaved, seq_dim)
+    cos, sin = _float32_tables(cos, sin)
+    if torch.compiler.is_compiling():
+        interleaved = layout == "interleaved"
+        if inplace:
+            _rope_and_cache_inplace_op(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, interleaved,
+                                       seq_dim)
+            return q
+        return _rope_and_cache_op(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, interleaved, seq_dim)
+    return prepare(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, layout, seq_dim, inplace)(
+        q, k, v, k_cache, v_cache, cos, sin, index, positions)

@@ -22,9 +22,11 @@ Each program writes its token's share of ``grad_w`` to its own row of a float32 
 ``torch.sum`` reduces afterwards: no atomics, so the result is deterministic.  Nothing is saved for
 the backward pass but the inputs; ``r`` is recomputed.
 
-Both passes are registered as the custom ops ``posenc::rms_norm_rope_qk`` and
-``posenc::rms_norm_rope_qk_backward`` (with fake implementations and an autograd formula), so
-``torch.compile(fullgraph=True)`` traces them without graph breaks.
+An eager call launches the compiled kernel directly through a launch specialised once per signature
+(:mod:`posenc.kernels.triton_launch`, :func:`prepare`), and eager training goes through a plain
+``torch.autograd.Function``.  While tracing, both passes are the custom ops
+``posenc::rms_norm_rope_qk`` and ``posenc::rms_norm_rope_qk_backward`` (with fake implementations and
+an autograd formula), so ``torch.compile(fullgraph=True)`` traces them without graph breaks.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
-from posenc.kernels.triton_rope import num_warps, on_device, table_row
+from posenc.kernels.triton_launch import Launch
+from posenc.kernels.triton_rope import _float32_tables, num_warps, table_row
 
-__all__ = ["rms_norm_rope_qk"]
+__all__ = ["prepare", "rms_norm_rope_qk"]
 
 
 @triton.jit
@@ -220,14 +223,14 @@ def _angles(cos_ptr, sin_ptr, pos_ptr, b, s, offset, H2, P, sp_b, sp_s, st_row, 
     return table_row(cos_ptr, sin_ptr, pos, P, H2, st_row, st_col, BLOCK_D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["offset"])
 def _norm_rope_qk_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, pos_ptr,
-    S, HQ, HK, DQ: tl.constexpr, DK: tl.constexpr, H2: tl.constexpr, P, offset, eps, w_off, wq_h, wq_d, wk_h, wk_d,
+    q_ptr, k_ptr, qo_ptr, ko_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, pos_ptr, offset,
+    S, HQ, HK, P, eps, w_off, wq_h, wq_d, wk_h, wk_d,
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
     so_b, so_s, so_h, so_d, sko_b, sko_s, sko_h, sko_d,
     sp_b, sp_s, st_row, st_col,
-    HAS_POS: tl.constexpr, HAS_K: tl.constexpr, Q_TOKEN: tl.constexpr, K_TOKEN: tl.constexpr,
+    DQ: tl.constexpr, DK: tl.constexpr, H2: tl.constexpr, HAS_POS: tl.constexpr, HAS_K: tl.constexpr, Q_TOKEN: tl.constexpr, K_TOKEN: tl.constexpr,
     INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)                                    # (offsets past 2**31 elements)
@@ -242,15 +245,15 @@ def _norm_rope_qk_kernel(
                          BLOCK_R)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["offset"])
 def _norm_rope_qk_bwd_kernel(
-    q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, wq_ptr, wk_ptr, dwq_ptr, dwk_ptr, cos_ptr, sin_ptr, pos_ptr,
-    S, HQ, HK, DQ: tl.constexpr, DK: tl.constexpr, H2: tl.constexpr, P, offset, eps, w_off, wq_h, wq_d, wk_h, wk_d, dwq_row, dwk_row,
+    q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, wq_ptr, wk_ptr, dwq_ptr, dwk_ptr, cos_ptr, sin_ptr, pos_ptr, offset,
+    S, HQ, HK, P, eps, w_off, wq_h, wq_d, wk_h, wk_d, dwq_row, dwk_row,
     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
     sgq_b, sgq_s, sgq_h, sgq_d, sgk_b, sgk_s, sgk_h, sgk_d,
     so_b, so_s, so_h, so_d, sko_b, sko_s, sko_h, sko_d,
     sp_b, sp_s, st_row, st_col,
-    HAS_POS: tl.constexpr, HAS_K: tl.constexpr, Q_TOKEN: tl.constexpr, K_TOKEN: tl.constexpr,
+    DQ: tl.constexpr, DK: tl.constexpr, H2: tl.constexpr, HAS_POS: tl.constexpr, HAS_K: tl.constexpr, Q_TOKEN: tl.constexpr, K_TOKEN: tl.constexpr,
     INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)                                    # (offsets past 2**31 elements)
@@ -329,7 +332,7 @@ class _Call:
     def flags(self, positions, interleaved: bool, budget: int, maxnreg: int | None = None) -> dict:
         block_h, block_d, block_r, warps = _blocks(self.h2, self.dq, self.dk, max(self.hq, self.hk), budget,
                                                    interleaved, self.element_size)
-        flags = dict(HAS_POS=positions is not None, HAS_K=self.hk > 0, Q_TOKEN=self.wq[2], K_TOKEN=self.wk[2],
+        flags = dict(DQ=self.dq, DK=self.dk, H2=self.h2, HAS_POS=positions is not None, HAS_K=self.hk > 0, Q_TOKEN=self.wq[2], K_TOKEN=self.wk[2],
                      INTERLEAVED=interleaved, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=warps)
         if maxnreg is not None:
             flags["maxnreg"] = maxnreg
@@ -348,8 +351,8 @@ def forward_args(q, k, q_weight, k_weight, qo, ko, cos, sin, positions, offset: 
     P, st_row, st_col = call.tables
     args = (
         q, k if k is not None else q, qo, ko if k is not None else qo, q_weight,
-        k_weight if k is not None else q_weight, cos, sin, positions if positions is not None else cos,
-        call.S, call.hq, call.hk, call.dq, call.dk, call.h2, P, offset, eps, weight_offset,
+        k_weight if k is not None else q_weight, cos, sin, positions if positions is not None else cos, offset,
+        call.S, call.hq, call.hk, P, eps, weight_offset,
         call.wq[0], call.wq[1], call.wk[0], call.wk[1],
         *call.sq, *call.sk, *_strides(qo, seq_dim), *_strides(ko if k is not None else None, seq_dim),
         *call.sp, st_row, st_col,
@@ -361,13 +364,16 @@ def forward_args(q, k, q_weight, k_weight, qo, ko, cos, sin, positions, offset: 
     return (call.B * call.S,), args, call.flags(positions, interleaved, 2048, maxnreg=128)
 
 
+#: The kernels' tensor arguments come first, then the first position; nothing else changes between calls.
+_FWD_TENSORS, _FWD_PER_CALL, _BWD_TENSORS = 9, 10, 13
+
+
 def launch_forward(q, k, q_weight, k_weight, qo, ko, cos, sin, positions, offset: int, eps: float,
                    weight_offset: float, interleaved: bool, seq_dim: int) -> None:
     """Normalise and rotate ``q`` (and ``k``) into ``qo`` (and ``ko``), on q's device."""
     grid, args, meta = forward_args(q, k, q_weight, k_weight, qo, ko, cos, sin, positions, offset, eps,
                                     weight_offset, interleaved, seq_dim)
-    with on_device(q):
-        _norm_rope_qk_kernel[grid](*args, **meta)
+    Launch(_norm_rope_qk_kernel, grid, args[_FWD_PER_CALL:], meta, _FWD_TENSORS).fallback(args[:_FWD_PER_CALL])
 
 
 def backward_args(grad_q, grad_k, q, k, q_weight, k_weight, dq, dk, dwq, dwk, cos, sin, positions, offset: int,
@@ -380,8 +386,8 @@ def backward_args(grad_q, grad_k, q, k, q_weight, k_weight, dq, dk, dwq, dwk, co
     args = (
         q, k if has_k else q, grad_q, grad_k if has_k else grad_q, dq, dk if has_k else dq, q_weight,
         k_weight if has_k else q_weight, dwq, dwk if has_k else dwq, cos, sin,
-        positions if positions is not None else cos,
-        call.S, call.hq, call.hk, call.dq, call.dk, call.h2, P, offset, eps, weight_offset,
+        positions if positions is not None else cos, offset,
+        call.S, call.hq, call.hk, P, eps, weight_offset,
         call.wq[0], call.wq[1], call.wk[0], call.wk[1], dwq.stride(0), dwk.stride(0) if has_k else 0,
         *call.sq, *call.sk, *_strides(grad_q, seq_dim), *_strides(grad_k if has_k else None, seq_dim),
         *_strides(dq, seq_dim), *_strides(dk if has_k else None, seq_dim),
@@ -395,8 +401,93 @@ def launch_backward(grad_q, grad_k, q, k, q_weight, k_weight, dq, dk, dwq, dwk, 
     """``dq`` (and ``dk``) and the per-token shares ``dwq`` (and ``dwk``), ``(B*S, len(w) or D)`` float32."""
     grid, args, meta = backward_args(grad_q, grad_k, q, k, q_weight, k_weight, dq, dk, dwq, dwk, cos, sin,
                                      positions, offset, eps, weight_offset, interleaved, seq_dim)
-    with on_device(q):
-        _norm_rope_qk_bwd_kernel[grid](*args, **meta)
+    Launch(_norm_rope_qk_bwd_kernel, grid, args[_BWD_TENSORS + 1:], meta, _BWD_TENSORS).fallback(
+        args[:_BWD_TENSORS + 1])
+
+
+def _weight_rows(x: torch.Tensor, w: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """An empty float32 ``(B*S, len(w))`` buffer for each token's share of ``grad_w``."""
+    return torch.empty(x.shape[0] * x.shape[seq_dim], w.shape[0], dtype=torch.float32, device=x.device)
+
+
+def _backward_launch(grad_q, grad_k, q, k, q_weight, k_weight, cos, sin, positions, offset, eps, weight_offset,
+                     interleaved, seq_dim):
+    """``(dq, dk, grad_wq, grad_wk)`` in one launch (``dk``/``grad_wk`` empty without k), the gradients read
+    through their strides; the weights' gradients are the per-token shares summed (no atomics)."""
+    dq = torch.empty_like(q)
+    dwq = _weight_rows(q, q_weight, seq_dim)
+    if k is not None and k_weight is not None:
+        dk, dwk = torch.empty_like(k), _weight_rows(k, k_weight, seq_dim)
+    else:
+        dk, dwk = q.new_empty(0), dwq.new_empty(0)
+    launch_backward(grad_q, grad_k if k is not None else None, q, k, q_weight, k_weight, dq, dk, dwq, dwk, cos, sin,
+                    positions, offset, eps, weight_offset, interleaved, seq_dim)
+    grad_wq = dwq.sum(0).to(q_weight.dtype)                              # deterministic: no atomics
+    grad_wk = dwk.sum(0).to(k_weight.dtype) if k_weight is not None else q_weight.new_empty(0)
+    return dq, dk, grad_wq, grad_wk
+
+
+class _NormRotation:
+    """The eager QK-norm + rotation of calls with one signature: outputs allocated, one launch (see
+    :func:`prepare`)."""
+
+    __slots__ = ("launch", "grad", "spec")
+
+    def __init__(self, launch: Launch, grad: bool, spec: tuple):
+        self.launch, self.grad, self.spec = launch, grad, spec        # spec: (eps, weight_offset, interleaved, seq_dim)
+
+    def __call__(self, q, k, q_weight, k_weight, cos, sin, positions, offset):
+        if self.grad:
+            return _NormAutograd.apply(q, k, q_weight, k_weight, cos, sin, positions, offset, self)
+        return self.forward(q, k, q_weight, k_weight, cos, sin, positions, offset)
+
+    def forward(self, q, k, q_weight, k_weight, cos, sin, positions, offset):
+        qo = torch.empty_like(q)
+        ko = None if k is None else torch.empty_like(k)
+        self.launch(q, q if k is None else k, qo, qo if ko is None else ko, q_weight,
+                    q_weight if k_weight is None else k_weight, cos, sin, cos if positions is None else positions,
+                    offset)
+        return qo, ko
+
+
+class _NormAutograd(torch.autograd.Function):
+    """Eager training: the prepared launch forward, one launch backward (no custom-op dispatch)."""
+
+    @staticmethod
+    def forward(ctx, q, k, q_weight, k_weight, cos, sin, positions, offset, rotation):
+        qo, ko = rotation.forward(q, k, q_weight, k_weight, cos, sin, positions, offset)
+        ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, positions)
+        ctx.offset, ctx.rotation = offset, rotation
+        return qo, ko
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k):
+        q, k, q_weight, k_weight, cos, sin, positions = ctx.saved_tensors
+        eps, weight_offset, interleaved, seq_dim = ctx.rotation.spec
+        dq, dk, dwq, dwk = _backward_launch(grad_q, grad_k, q, k, q_weight, k_weight, cos, sin, positions, ctx.offset,
+                                            eps, weight_offset, interleaved, seq_dim)
+        if k is None:
+            dk = dwk = None
+        return dq, dk, dwq, dwk, None, None, None, None, None
+
+
+def prepare(q, k, q_weight, k_weight, cos, sin, positions, offset: int, eps: float, weight_offset: float,
+            layout: str, seq_dim: int) -> _NormRotation:
+    """The eager call of :func:`rms_norm_rope_qk` for calls like this one (same shapes, strides, dtypes and
+    settings), specialised once (the tables already float32 with one pair of strides):
+    ``rotation(q, k, q_weight, k_weight, cos, sin, positions, offset) -> (q_out, k_out)``, recording
+    gradients when autograd records any of q, k and the weights."""
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, q_weight, k_weight))
+    qo = torch.empty_like(q, device="meta")
+    ko = None if k is None else torch.empty_like(k, device="meta")
+    interleaved = layout == "interleaved"
+    grid, args, meta = forward_args(q, k, q_weight, k_weight, qo, ko, cos, sin, positions, offset, eps,
+                                    weight_offset, interleaved, seq_dim)
+    launch = Launch(_norm_rope_qk_kernel, grid, args[_FWD_PER_CALL:], meta, _FWD_TENSORS)
+    return _NormRotation(launch, grad, (eps, weight_offset, interleaved, seq_dim))
+
+
+# ---- tracing: opaque nodes for torch.compile / torch.export ----------------------------------------------------
 
 
 @torch.library.custom_op("posenc::rms_norm_rope_qk", mutates_args=())
@@ -415,27 +506,13 @@ def _(q, k, q_weight, k_weight, cos, sin, positions, offset, eps, weight_offset,
     return torch.empty_like(q), (torch.empty_like(k) if k is not None else q.new_empty(0))
 
 
-def _weight_rows(x: torch.Tensor, w: torch.Tensor, seq_dim: int) -> torch.Tensor:
-    """An empty float32 ``(B*S, len(w))`` buffer for each token's share of ``grad_w``."""
-    return torch.empty(x.shape[0] * x.shape[seq_dim], w.shape[0], dtype=torch.float32, device=x.device)
-
-
 @torch.library.custom_op("posenc::rms_norm_rope_qk_backward", mutates_args=())
 def _norm_rope_bwd_op(grad_q: torch.Tensor, grad_k: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor | None,
                       q_weight: torch.Tensor, k_weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                       positions: torch.Tensor | None, offset: int, eps: float, weight_offset: float,
                       interleaved: bool, seq_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq = torch.empty_like(q)
-    dwq = _weight_rows(q, q_weight, seq_dim)
-    if k is not None and k_weight is not None:
-        dk, dwk = torch.empty_like(k), _weight_rows(k, k_weight, seq_dim)
-    else:
-        dk, dwk = q.new_empty(0), dwq.new_empty(0)
-    launch_backward(grad_q, grad_k if k is not None else None, q, k, q_weight, k_weight, dq, dk, dwq, dwk, cos, sin,
-                    positions, offset, eps, weight_offset, interleaved, seq_dim)
-    grad_wq = dwq.sum(0).to(q_weight.dtype)                              # deterministic: no atomics
-    grad_wk = dwk.sum(0).to(k_weight.dtype) if k_weight is not None else q_weight.new_empty(0)
-    return dq, dk, grad_wq, grad_wk
+    return _backward_launch(grad_q, grad_k, q, k, q_weight, k_weight, cos, sin, positions, offset, eps,
+                            weight_offset, interleaved, seq_dim)
 
 
 @_norm_rope_bwd_op.register_fake
@@ -473,12 +550,15 @@ def rms_norm_rope_qk(q: torch.Tensor, k: torch.Tensor | None, q_weight: torch.Te
                      weight_offset: float, layout: str, seq_dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RMS-normalise, scale and rotate q and k by the rows of ``(P, d/2)`` tables, one launch for both.
 
-    ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; each weight is ``(D,)`` (a norm
-    per head) or ``(H*D,)`` (one norm over the token's heads); ``positions`` is ``(S,)``, ``(B, S)``
-    or None.  Callers validate the arguments and pick this engine.
+    The engine interface of :mod:`posenc.kernels`.  ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for
+    ``(B, S, H, D)``; each weight is ``(D,)`` (a norm per head) or ``(H*D,)`` (one norm over the
+    token's heads); ``positions`` is ``(S,)``, ``(B, S)`` or None.  Callers validate the arguments
+    and pick this engine.
     """
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
-        cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
-    qo, ko = _norm_rope_op(q, k, q_weight, k_weight, cos, sin, positions, offset, float(eps), float(weight_offset),
-                           layout == "interleaved", seq_dim)
-    return qo, (ko if k is not None else None)
+    cos, sin = _float32_tables(cos, sin)
+    if torch.compiler.is_compiling():
+        qo, ko = _norm_rope_op(q, k, q_weight, k_weight, cos, sin, positions, offset, float(eps),
+                               float(weight_offset), layout == "interleaved", seq_dim)
+        return qo, (ko if k is not None else None)
+    return prepare(q, k, q_weight, k_weight, cos, sin, positions, offset, float(eps), float(weight_offset), layout,
+                   seq_dim)(q, k, q_weight, k_weight, cos, sin, positions, offset)

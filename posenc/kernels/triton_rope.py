@@ -8,21 +8,26 @@ q and k are read once and written once, which is the memory-bound minimum.  The 
 the same kernel rotating by ``-theta`` (``CONJ``): rotations are orthogonal, so the gradient of
 ``R x`` is ``R^T g``; nothing is saved but the tables and the positions.
 
-The kernel is registered as the custom op ``posenc::rope_qk`` (with a fake implementation and an
-autograd formula), so ``torch.compile(fullgraph=True)`` traces it without graph breaks.
+Host path.  An eager call launches the compiled kernel directly (:mod:`posenc.kernels.triton_launch`):
+:func:`prepare` specialises a call once (grid, sizes and strides, compile-time settings) and the
+rotation it returns allocates the outputs and launches, nothing more.  Training in eager mode goes
+through a plain ``torch.autograd.Function`` whose backward rotates the incoming gradients as they are
+(any strides, stride-0 gradients included) in one launch for q and k, into the gradient buffers
+themselves when autograd alone holds them.  While tracing (``torch.compile``, ``torch.export``) the
+same launch is the custom op ``posenc::rope_qk``, with a fake implementation and an autograd
+formula, so compiled graphs hold one opaque node and no graph break.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
 
 from posenc.kernels.torch_rope import unpack_tables
+from posenc.kernels.triton_launch import Launch
 
-__all__ = ["rope_qk"]
+__all__ = ["prepare", "rope_qk"]
 
 
 @triton.jit
@@ -68,17 +73,18 @@ def table_row(cos_ptr, sin_ptr, pos, P, H2, st_row, st_col, BLOCK_D: tl.constexp
     return tl.where(inside, c, float("nan"))[None, :], tl.where(inside, sn, float("nan"))[None, :]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["offset"])
 def _rope_qk_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
-    S, HQ, HK, H2: tl.constexpr, P, offset,
-    sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
+    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr, cu_ptr, soff_ptr, offset,
+    S, HQ, HK, P, sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d,
     so_b, so_s, so_h, so_d, sko_b, sko_s, sko_h, sko_d,
-    sp_b, sp_s, st_row, st_col, cu_ptr, soff_ptr, n_seqs, n_steps, n_tokens,
-    HAS_POS: tl.constexpr, HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
+    sp_b, sp_s, st_row, st_col, n_seqs, n_steps, n_tokens,
+    H2: tl.constexpr, HAS_POS: tl.constexpr, HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
     HAS_CU: tl.constexpr, HAS_SOFF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     TOKENS: tl.constexpr,
 ):
+    # (the arguments a call changes come first, then the sizes and strides, then the constexprs:
+    # see posenc.kernels.triton_launch)
     # TOKENS consecutive tokens per program: fewer, fuller programs when a token has few heads
     for i in tl.static_range(TOKENS):
         tok = tl.program_id(0).to(tl.int64) * TOKENS + i
@@ -130,11 +136,6 @@ def num_warps(tile: int, element_size: int) -> int:
     return 1 << (warps.bit_length() - 1)
 
 
-def on_device(t: torch.Tensor):
-    """A context that makes ``t``'s CUDA device current (Triton launches on the current device)."""
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
 def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:
     """``(heads, stride_b, stride_s, stride_h, stride_d)`` of a 4-D (B, H, S, D) or (B, S, H, D) tensor."""
     if seq_dim == 2:
@@ -142,12 +143,16 @@ def _axes(t: torch.Tensor, seq_dim: int) -> tuple[int, int, int, int, int]:
     return t.shape[2], t.stride(0), t.stride(1), t.stride(2), t.stride(3)
 
 
+#: How many of the kernel's leading arguments are tensors, and how many change between calls.
+_TENSORS, _PER_CALL = 9, 10
+
+
 def launch_args(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim: int, conj: bool,
                 cu_seqlens=None, tokens: int | None = None) -> tuple[tuple[int], tuple, dict]:
-    """``(grid, args, meta)`` of the launch :func:`launch` makes: the kernel's arguments and its
-    compile-time settings (constexprs and ``num_warps``).  A pure function of the tensors' shapes,
+    """``(grid, args, meta)`` of the launch: the kernel's arguments (those a call changes first) and
+    its compile-time settings (constexprs and ``num_warps``).  A pure function of the tensors' shapes,
     strides and dtypes (meta tensors do), so the specializations can be enumerated and compiled
-    without a GPU."""
+    without a GPU.  ``offset`` is an int, or with ``cu_seqlens`` a tensor of first positions."""
     B, S = q.shape[0], q.shape[seq_dim]
     h2 = cos.shape[-1]
     hq, *sq = _axes(q, seq_dim)
@@ -170,28 +175,44 @@ def launch_args(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, se
     tokens = tokens_per_program(hq + hk, h2, n_tokens) if tokens is None else tokens
     args = (
         q, k, qo, ko, cos, sin, positions if positions is not None else cos,
-        S, hq, hk, h2, cos.shape[0], 0 if seq_off is not None else offset, *sq, *sk, *so, *sko, *sp,
-        cos.stride(0), cos.stride(1), cu_seqlens if cu_seqlens is not None else cos,
-        seq_off if seq_off is not None else cos, n_seqs, max(n_seqs - 1, 1).bit_length() + 1, n_tokens,
+        cu_seqlens if cu_seqlens is not None else cos, seq_off if seq_off is not None else cos,
+        0 if seq_off is not None else offset,
+        S, hq, hk, cos.shape[0], *sq, *sk, *so, *sko, *sp, cos.stride(0), cos.stride(1),
+        n_seqs, max(n_seqs - 1, 1).bit_length() + 1, n_tokens,
     )
-    meta = dict(HAS_POS=positions is not None, HAS_K=hk > 0, INTERLEAVED=interleaved, CONJ=conj,
+    meta = dict(H2=h2, HAS_POS=positions is not None, HAS_K=hk > 0, INTERLEAVED=interleaved, CONJ=conj,
                 HAS_CU=cu_seqlens is not None, HAS_SOFF=seq_off is not None, BLOCK_H=block_h, BLOCK_D=block_d,
                 TOKENS=tokens, num_warps=num_warps(block_h * block_d * (2 if interleaved else 1), q.element_size()))
     return (triton.cdiv(n_tokens, tokens),), args, meta
 
 
-def launch(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim: int, conj: bool,
-           cu_seqlens=None, tokens: int | None = None) -> None:
-    """Rotate ``q`` (and ``k``) into ``qo`` (and ``ko``); they may alias for in-place rotation.
-
-    With ``cu_seqlens`` (``(N + 1,)``), q is ``(1, T, H, D)`` (``seq_dim=1``) holding packed
-    sequences, and ``offset`` an int or an ``(N,)`` tensor of first positions.  ``tokens`` per
-    program defaults to :func:`tokens_per_program` (benchmarks sweep it).  The launch runs on
-    q's device (a tensor on ``cuda:1`` works whatever the current device)."""
+def specialize(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim: int, conj: bool,
+               cu_seqlens=None, tokens: int | None = None) -> Launch:
+    """The :class:`~posenc.kernels.triton_launch.Launch` of calls like this one; call it with the
+    per-call arguments ``(q, k, qo, ko, cos, sin, positions, cu_seqlens, seq_offsets, offset)``
+    (each absent tensor replaced by ``cos``), see :func:`per_call`."""
     grid, args, meta = launch_args(q, k, qo, ko, cos, sin, positions, offset, interleaved, seq_dim, conj,
                                    cu_seqlens, tokens)
-    with on_device(q):
-        _rope_qk_kernel[grid](*args, **meta)
+    return Launch(_rope_qk_kernel, grid, args[_PER_CALL:], meta, _TENSORS)
+
+
+def launch(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim: int, conj: bool,
+           cu_seqlens=None, tokens: int | None = None) -> None:
+    """Rotate ``q`` (and ``k``) into ``qo`` (and ``ko``) in one launch, specialised for this call only
+    (benchmarks sweep ``tokens`` per program with it); they may alias for in-place rotation.
+
+    With ``cu_seqlens`` (``(N + 1,)``), q is ``(1, T, H, D)`` (``seq_dim=1``) holding packed
+    sequences, and ``offset`` an int or an ``(N,)`` tensor of first positions."""
+    grid, args, meta = launch_args(q, k, qo, ko, cos, sin, positions, offset, interleaved, seq_dim, conj,
+                                   cu_seqlens, tokens)
+    Launch(_rope_qk_kernel, grid, args[_PER_CALL:], meta, _TENSORS).fallback(args[:_PER_CALL])
+
+
+def _float32_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables as the kernel reads them: float32, with one pair of strides for both."""
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
+        return cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
+    return cos, sin
 
 
 def _new_like(x: torch.Tensor, rotary: int) -> torch.Tensor:
@@ -199,6 +220,129 @@ def _new_like(x: torch.Tensor, rotary: int) -> torch.Tensor:
     if rotary < x.shape[-1]:
         out[..., rotary:] = x[..., rotary:]                                # pass-through features
     return out
+
+
+class _Rotation:
+    """The eager rotation of calls with one signature: outputs allocated, one launch (see :func:`prepare`)."""
+
+    __slots__ = ("launch", "rotary", "inplace", "packed_batch", "grad", "spec", "layout")
+
+    def __init__(self, launch: Launch, rotary: int, inplace: bool, packed_batch: bool, grad: bool, layout: str,
+                 seq_dim: int):
+        # (recording autograd, an in-place call rotates out of place and copies back: autograd records the copy)
+        self.launch, self.rotary, self.inplace, self.packed_batch, self.grad = launch, rotary, inplace, packed_batch, grad
+        self.layout = layout
+        self.spec = (layout == "interleaved", seq_dim)      # for the backward pass
+
+    def __call__(self, q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None):
+        if cos is None:
+            cos, sin = unpack_tables(packed, self.layout)                  # views of RotaryEmbedding's table
+        if not self.grad:
+            return self.forward(q, k, cos, sin, positions, offset, cu_seqlens)
+        out = _Autograd.apply(q, k, cos, sin, positions, offset, cu_seqlens, self)
+        qo, ko = (out, None) if k is None else out
+        if not self.inplace:
+            return qo, ko
+        q.copy_(qo)
+        if k is not None:
+            k.copy_(ko)
+        return q, k
+
+    def forward(self, q, k, cos, sin, positions, offset, cu_seqlens):
+        if self.packed_batch:                                              # (T, H, D) -> (1, T, H, D)
+            q4, k4 = q[None], (None if k is None else k[None])
+        else:
+            q4, k4 = q, k
+        if self.inplace and not self.grad:
+            qo, ko = q4, k4
+        else:
+            qo = _new_like(q4, self.rotary) if self.rotary < q4.shape[-1] else torch.empty_like(q4)
+            ko = None if k4 is None else (_new_like(k4, self.rotary) if self.rotary < k4.shape[-1]
+                                          else torch.empty_like(k4))
+        soff, first = (offset, 0) if isinstance(offset, torch.Tensor) else (cos, offset)
+        self.launch(q4, q4 if k4 is None else k4, qo, qo if ko is None else ko, cos, sin,
+                    cos if positions is None else positions, cos if cu_seqlens is None else cu_seqlens, soff, first)
+        if self.inplace and not self.grad:
+            return q, k
+        if self.packed_batch:
+            return qo[0], (None if ko is None else ko[0])
+        return qo, ko
+
+
+def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool,
+            cu_seqlens=None) -> _Rotation:
+    """The eager rotation of calls like this one: ``rotation(q, k, cos, sin, positions, offset,
+    cu_seqlens) -> (q_out, k_out)``, specialised once for these shapes, strides and dtypes (the
+    tables already float32 with one pair of strides, see :func:`_float32_tables`).
+
+    ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; with ``cu_seqlens`` q and k are
+    packed ``(T, H, D)`` sequences and ``offset`` an int or a tensor of first positions.  The
+    rotation records gradients (one launch forward, one backward) when autograd records q or k."""
+    grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    packed_batch = cu_seqlens is not None
+    if packed_batch:
+        q, k, seq_dim = q[None], (None if k is None else k[None]), 1
+    same = inplace and not grad                                            # (see _Rotation)
+    qo = q if same else torch.empty_like(q, device="meta")
+    ko = None if k is None else (k if same else torch.empty_like(k, device="meta"))
+    launch = specialize(q, k, qo, ko, cos, sin, positions, offset, layout == "interleaved", seq_dim, False,
+                        cu_seqlens)
+    return _Rotation(launch, 2 * cos.shape[-1], inplace, packed_batch, grad, layout, seq_dim)
+
+
+def _owned(g: torch.Tensor | None) -> bool:
+    """Whether autograd alone holds the gradient ``g``, so that the backward pass may write into it: no
+    other tensor or Python name refers to it or to its memory (a gradient passed by the user, or one
+    handed to several nodes, is not), and its elements do not overlap."""
+    if g is None or g._base is not None or g.requires_grad:
+        return False
+    try:
+        alone = g._use_count() == 1 and torch._C._storage_Use_Count(  # type: ignore[attr-defined]
+            g.untyped_storage()._cdata) <= 2
+    except (AttributeError, RuntimeError):                             # (a torch without these counters)
+        return False
+    return alone and torch._debug_has_internal_overlap(g) == 0
+
+
+def _rotate_back(grad_q, grad_k, cos, sin, positions, offset, cu_seqlens, interleaved: bool, seq_dim: int,
+                 rotary: int):
+    """``R^T`` of the gradients (the rotation by ``-theta``) in one launch, read through their strides."""
+    gq, gk = grad_q, grad_k
+    if cu_seqlens is not None:
+        gq, gk = gq[None], (None if gk is None else gk[None])
+    dq = gq if _owned(grad_q) else _new_like(gq, rotary)
+    dk = None if gk is None else (gk if _owned(grad_k) else _new_like(gk, rotary))
+    launch(gq, gk, dq, dk, cos, sin, positions, offset, interleaved, seq_dim, True, cu_seqlens)
+    if cu_seqlens is not None:
+        return dq[0], (None if dk is None else dk[0])
+    return dq, dk
+
+
+class _Autograd(torch.autograd.Function):
+    """Eager training: the prepared launch forward, the rotation by ``-theta`` backward (no custom-op
+    dispatch on either side)."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, positions, offset, cu_seqlens, rotation):
+        qo, ko = rotation.forward(q, k, cos, sin, positions, offset, cu_seqlens)
+        ctx.save_for_backward(cos, sin, positions, offset if isinstance(offset, torch.Tensor) else None, cu_seqlens)
+        ctx.first = offset if not isinstance(offset, torch.Tensor) else None
+        ctx.rotation = rotation
+        if ko is None:
+            return qo
+        return qo, ko
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k=None):
+        cos, sin, positions, seq_offsets, cu_seqlens = ctx.saved_tensors
+        interleaved, seq_dim = ctx.rotation.spec
+        offset = seq_offsets if seq_offsets is not None else ctx.first
+        dq, dk = _rotate_back(grad_q, grad_k, cos, sin, positions, offset, cu_seqlens, interleaved, seq_dim,
+                              ctx.rotation.rotary)
+        return dq, dk, None, None, None, None, None, None
+
+
+# ---- tracing: one opaque node for torch.compile / torch.export -------------------------------------------------
 
 
 @torch.library.custom_op("posenc::rope_qk", mutates_args=())
@@ -232,12 +376,31 @@ def _backward(ctx, grad_q, grad_k):
     cos, sin, *index = ctx.saved_tensors
     positions, cu_seqlens, seq_offsets = (t if given else None for t, given in zip(index, ctx.given, strict=True))
     offset, interleaved, seq_dim, conj = ctx.args
-    gq, gk = _rope_qk_op(grad_q.contiguous(), grad_k.contiguous() if ctx.has_k else None, cos, sin,
-                         positions, offset, interleaved, seq_dim, not conj, cu_seqlens, seq_offsets)
+    gq, gk = _rope_qk_op(grad_q, grad_k if ctx.has_k else None, cos, sin, positions, offset, interleaved, seq_dim,
+                         not conj, cu_seqlens, seq_offsets)
     return (gq, (gk if ctx.has_k else None)) + (None,) * 9
 
 
 _rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _traced(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool, cu_seqlens):
+    """The rotation while tracing: the custom op (out of place, then copied back for ``inplace``)."""
+    interleaved = layout == "interleaved"
+    if cu_seqlens is not None:                                             # (T, H, D) -> (1, T, H, D)
+        seq_offsets, first = (offset, 0) if isinstance(offset, torch.Tensor) else (None, offset)
+        qo, ko = _rope_qk_op(q[None], None if k is None else k[None], cos, sin, None, first, interleaved, 1, False,
+                             cu_seqlens, seq_offsets)
+        qo, ko = qo[0], (ko[0] if k is not None else None)
+    else:
+        qo, ko = _rope_qk_op(q, k, cos, sin, positions, offset, interleaved, seq_dim, False)
+        ko = ko if k is not None else None
+    if inplace:
+        q.copy_(qo)
+        if k is not None:
+            k.copy_(ko)
+        return q, k
+    return qo, ko
 
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -246,44 +409,22 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate q and k by the rows of ``(P, d/2)`` tables for ``positions`` or ``offset + arange(S)``.
 
-    ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; ``positions`` is ``(S,)``,
-    ``(B, S)`` or None.  With ``cu_seqlens``, q and k are packed ``(T, H, D)`` sequences whose
-    positions restart at ``offset`` (an int or one per sequence), found inside the kernel.  Callers
-    validate the arguments and pick this engine.  The tables are ``cos``/``sin`` or ``packed``
-    (see :func:`posenc.kernels.torch_rope.pack_tables`), read through their strides without copies.
+    The engine interface of :mod:`posenc.kernels`: the tables are ``cos``/``sin``, or views of
+    ``packed`` (:func:`~posenc.kernels.torch_rope.pack_tables`), read through their strides.  ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for
+    ``(B, S, H, D)``; ``positions`` is ``(S,)``, ``(B, S)`` or None.  With ``cu_seqlens``, q and k
+    are packed ``(T, H, D)`` sequences whose positions restart at ``offset`` (an int or one per
+    sequence), found inside the kernel.  Callers validate the arguments and pick this engine.
     """
-    if packed is not None:
-        cos, sin = unpack_tables(packed, layout)
-    elif cos is None or sin is None:
-        raise TypeError("rope_qk needs the tables: cos and sin, or packed")
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
-        cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
-    if cu_seqlens is not None:                                             # (T, H, D) -> (1, T, H, D)
-        q4, k4 = q[None], (None if k is None else k[None])
-        cu_seqlens = cu_seqlens.contiguous()                                # the kernel reads them with stride 1
-        seq_offsets, first = (offset.contiguous(), 0) if isinstance(offset, torch.Tensor) else (None, offset)
-        qo, ko = _rotate(q4, k4, cos, sin, None, first, layout, 1, inplace, cu_seqlens, seq_offsets)
-        if inplace:
-            return q, k
-        return qo[0], (None if ko is None else ko[0])
-    if positions is not None:
+    if cos is None or sin is None:
+        cos, sin = unpack_tables(packed, layout)                           # type: ignore[arg-type]
+    cos, sin = _float32_tables(cos, sin)
+    if positions is not None and positions.device != q.device:
         positions = positions.to(q.device)
-    assert not isinstance(offset, torch.Tensor)                            # per-sequence offsets need cu_seqlens
-    return _rotate(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, None, None)
-
-
-def _rotate(q, k, cos, sin, positions, offset: int, layout: str, seq_dim: int, inplace: bool, cu_seqlens,
-            seq_offsets):
-    interleaved = layout == "interleaved"
-    grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
-    if inplace and not grad and not torch.compiler.is_compiling():
-        launch(q, k, q, k, cos, sin, positions, seq_offsets if seq_offsets is not None else offset, interleaved,
-               seq_dim, False, cu_seqlens)
-        return q, k
-    qo, ko = _rope_qk_op(q, k, cos, sin, positions, offset, interleaved, seq_dim, False, cu_seqlens, seq_offsets)
-    if inplace:
-        q.copy_(qo)
-        if k is not None:
-            k.copy_(ko)
-        return q, k
-    return qo, (ko if k is not None else None)
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()                                # the kernel reads them with stride 1
+        if isinstance(offset, torch.Tensor):
+            offset = offset.contiguous()
+    if torch.compiler.is_compiling():
+        return _traced(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens)
+    return prepare(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens)(
+        q, k, cos, sin, positions, offset, cu_seqlens)

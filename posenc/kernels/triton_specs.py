@@ -325,7 +325,8 @@ def _jit(fn):
     if isinstance(fn, JITFunction):
         return fn
     if id(fn) not in _JITS:
-        _JITS[id(fn)] = (JITFunction(fn.fn), fn)      # (the interpreted function kept alive: its id is the key)
+        kwargs = {k: v for k, v in fn.kwargs.items() if k in ("do_not_specialize", "do_not_specialize_on_alignment")}
+        _JITS[id(fn)] = (JITFunction(fn.fn, **kwargs), fn)      # (the interpreted function kept alive: its id is the key)
     return _JITS[id(fn)][0]
 
 

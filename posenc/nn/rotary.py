@@ -9,7 +9,7 @@ import torch
 
 from posenc import _validate
 from posenc._deprecate import UNSET
-from posenc._torch import exact32
+from posenc._torch import exact32, plans
 from posenc._torch.angles import angle_dtype, exact_cos_sin, float64_cos_sin, has_float64, host_sin_cos, working_dtype
 from posenc._torch.backend import check_rope_backend
 from posenc._torch.checks import (
@@ -19,16 +19,14 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
 )
-from posenc._torch.rope_call import check_call, check_flags, check_head_dim, choose_engine, feed, promise
+from posenc._torch.rope_call import check_call, check_flags, check_head_dim, choose_engine, feed, promise, rotate
 from posenc._torch.rows import clamp_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
-from posenc.kernels import rope_engine
-from posenc.kernels.factor_cache import decode_factors
-from posenc.kernels.torch_decode import decode_qk
+from posenc.kernels import engine, rope_engine
 from posenc.kernels.torch_rope import pack_tables, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
@@ -162,8 +160,8 @@ class RotaryEmbedding(TableModule):
             self._xpos_rate32 = (rate_hi.tolist(), (rate - rate_hi.astype(np.float64)).astype(np.float32).tolist())
         # the table's frequencies serve every call (no length-dependent rule, no xPos scales)
         self._plain = not self._length_dependent and self.xpos_scale_base is None
-        # a decode step may take the torch engine's floor (backend="triton" always asks for the kernel)
-        self._decode_ok = self._plain and self.backend != "triton"
+        # what a call's plan depends on of this module (posenc._torch.plans; its table is passed per call)
+        self._signature = (self.dim, self.max_seq_len, self.layout, self.backend)
         h = self.dim // 2
         # float64 where the device has it; on a device without float64 (Apple's MPS) float32, and the
         # angles come from the float32 digits below (tables are then built on the host)
@@ -182,9 +180,6 @@ class RotaryEmbedding(TableModule):
         width = 4 * h if self.layout == "half" else 2 * h
         self.register_buffer("packed_table", torch.empty(self.max_seq_len, width, device=device), persistent=False)
         self._freqs = freqs
-        # the decode step's factors, views of packed_table that one lookup each turns into rows;
-        # made at the first decode step and again whenever the table is not the one they view
-        self._factors: tuple[torch.Tensor | None, tuple[torch.Tensor, ...]] = (None, ())
         self.reset_buffers()
 
     @classmethod
@@ -241,11 +236,6 @@ class RotaryEmbedding(TableModule):
             else:                                           # on the host (NumPy float64), moved as float32
                 s, c = host_sin_cos(range(self.max_seq_len), split, self.attention_factor)
             self.packed_table.copy_(pack_tables(c, s, self.layout))           # one rounding
-
-    def _decode_views(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """``(packed_table, its decode factors)``, the latter views of the former."""
-        table = cast(torch.Tensor, self._buffers["packed_table"])
-        return table, decode_factors(table, self.layout)
 
     @property
     def _rule(self) -> _LengthRule:
@@ -333,21 +323,24 @@ class RotaryEmbedding(TableModule):
                 sequence alone, length-dependent rules included (each sequence with its own
                 length, unless ``seq_len`` is given).  ``seq_dim`` is not used.
         """
-        if (positions is None and cu_seqlens is None and seq_len is None and inplace is False and self._decode_ok
-                and (assume_valid is False or assume_valid is True) and assume_in_table is UNSET):
-            views = self._factors
-            if views[0] is not self._buffers["packed_table"]:     # first step, or the table was moved since
-                views = self._factors = self._decode_views()
-            out = decode_qk(q, k, seq_dim, offset, self.dim, self.max_seq_len, self.backend, views[1])
-            if out is not None:     # a plain decode step at a host-known offset inside the table: its cost floor
-                return out
+        key = None
+        if (self._plain and seq_len is None and cu_seqlens is None and assume_in_table is UNSET
+                and type(q) is torch.Tensor and type(offset) is int and type(seq_dim) is int
+                and (k is None or type(k) is torch.Tensor) and (positions is None or type(positions) is torch.Tensor)
+                and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
+                and not torch.compiler.is_compiling()):
+            # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans)
+            key, table = self._plan_key(q, k, positions, seq_dim, inplace, assume_valid)
+            plan = plans.find(key, q, k, positions, offset, inplace)
+            if plan is not None:
+                return plan.run(q, k, None, None, positions, offset, None, table)
         if assume_in_table is not UNSET:
             assume_valid = promise("RotaryEmbedding", assume_in_table, assume_valid)
         if cu_seqlens is not None:
             return self._forward_varlen(q, k, positions, offset, seq_len, assume_valid, inplace, cu_seqlens)
         sd, positions, offset, seq_len = check_call(q, k, seq_dim, self.dim, positions, offset, inplace,
                                                     assume_valid, seq_len)
-        return self._rotate(q, k, sd, positions, offset, seq_len, assume_valid, inplace, False)
+        return self._rotate(q, k, sd, positions, offset, seq_len, assume_valid, inplace, False, key)
 
     def rotate(
         self,
@@ -368,13 +361,38 @@ class RotaryEmbedding(TableModule):
         this directly when queries and keys sit at different positions (a query after cached keys).
         ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
         """
+        plan_key = None
+        if (self._plain and seq_len is None and assume_in_table is UNSET and type(x) is torch.Tensor
+                and type(offset) is int and type(seq_dim) is int and (key is False or key is True)
+                and (positions is None or type(positions) is torch.Tensor)
+                and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
+                and not torch.compiler.is_compiling()):
+            # step 0 (``key`` changes nothing without xPos): as forward(x)
+            plan_key, table = self._plan_key(x, None, positions, seq_dim, inplace, assume_valid)
+            plan = plans.find(plan_key, x, None, positions, offset, inplace)
+            if plan is not None:
+                return plan.run(x, None, None, None, positions, offset, None, table)[0]
         if assume_in_table is not UNSET:
             assume_valid = promise("RotaryEmbedding.rotate", assume_in_table, assume_valid)
         if type(key) is not bool:
             _validate.check_bool("key", key)
         sd, positions, offset, seq_len = check_call(x, None, seq_dim, self.dim, positions, offset, inplace,
                                                     assume_valid, seq_len)
-        return self._rotate(x, None, sd, positions, offset, seq_len, assume_valid, inplace, key)[0]
+        return self._rotate(x, None, sd, positions, offset, seq_len, assume_valid, inplace, key, plan_key)[0]
+
+    def _plan_key(self, q, k, positions, seq_dim, inplace, assume_valid) -> tuple[tuple | None, torch.Tensor]:
+        """The key of a call's plan (:mod:`posenc._torch.plans`: everything its validation and engine
+        decision read) and the table it rotates by."""
+        table = cast(torch.Tensor, self._buffers["packed_table"])   # (not through nn.Module.__getattr__)
+        try:
+            key = ("RotaryEmbedding", self._signature, table.device, q.shape, q.stride(), q.dtype, q.device,
+                   q.requires_grad, None if k is None else (k.shape, k.stride(), k.dtype, k.device, k.requires_grad),
+                   None if positions is None else (positions.shape, positions.stride(), positions.dtype,
+                                                   positions.device),
+                   seq_dim, inplace, assume_valid, torch.is_grad_enabled())
+        except RuntimeError:                                         # (sparse tensors have no strides)
+            return None, table
+        return key, table
 
     def _forward_varlen(self, q, k, positions, offset, seq_len, assume, inplace, cu_seqlens):
         """:meth:`forward` on a packed ``(T, H, D)`` batch: positions from ``cu_seqlens``, checked
@@ -417,8 +435,9 @@ class RotaryEmbedding(TableModule):
 
     # ---- steps 2-4 for checked arguments: table or exact, the engine, the rotation ----------------
 
-    def _rotate(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key):
-        """Rotate checked ``q``/``k`` (sequence axis ``sd``) at ``positions`` or ``offset + arange(S)``."""
+    def _rotate(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key, key=None):
+        """Rotate checked ``q``/``k`` (sequence axis ``sd``) at ``positions`` or ``offset + arange(S)``;
+        a rotation by the table's rows leaves its plan for ``key`` (see :mod:`posenc._torch.plans`)."""
         table = self._buffers["packed_table"]                  # (not through nn.Module.__getattr__: per-step cost)
         if q.device != table.device:
             check_same_device("q", q, "the tables", table.device)
@@ -430,24 +449,24 @@ class RotaryEmbedding(TableModule):
             if (positions is None and self._plain and q.dtype != torch.float64 and 0 <= offset
                     and offset + length <= self.max_seq_len):
                 # the decode step: table rows at a host-known offset, nothing else to decide
-                engine = rope_engine(choose_engine(self.backend, q, k, sd))
-                return feed(engine, q, k, inplace, cos=None, sin=None, positions=None, offset=offset,
-                            layout=self.layout, seq_dim=sd, packed=table)
+                mod = engine("rope_qk", choose_engine(self.backend, q, k, sd))
+                return rotate(key, mod, q, k, None, None, table, None, offset, self.layout, sd, inplace, False)
         rows, positions, rng, why = self._rows(q, positions, offset, length, seq_len, assume, tracing)
-        engine = rope_engine(choose_engine(self.backend, q, k, sd, why))
+        name = choose_engine(self.backend, q, k, sd, why)
         if rows is None:                                                             # the table's rows
-            return feed(engine, q, k, inplace, cos=None, sin=None, positions=positions, offset=offset,
-                        layout=self.layout, seq_dim=sd, packed=table)
+            return rotate(key if self._plain else None, engine("rope_qk", name), q, k, None, None, table, positions,
+                          offset, self.layout, sd, inplace, positions is not None and not assume)
+        one_shot = rope_engine(name)
         cos, sin = rows
         if self.xpos_scale_base is None:
-            return self._feed_rows(engine, q, k, sd, positions, cos, sin, inplace)
+            return self._feed_rows(one_shot, q, k, sd, positions, cos, sin, inplace)
         scale = self._xpos_scale(positions, rng)                                     # float64, like cos
         outs = []
         for t, is_key in ((q, q_is_key), (k, True)):
             if t is not None:
                 sc = 1.0 / scale if is_key else scale
                 c, s = (cos * sc).to(cos.dtype), (sin * sc).to(sin.dtype)
-                t = self._feed_rows(engine, t, None, sd, positions, c, s, inplace)[0]
+                t = self._feed_rows(one_shot, t, None, sd, positions, c, s, inplace)[0]
             outs.append(t)
         return outs[0], outs[1]
 
