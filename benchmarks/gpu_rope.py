@@ -23,11 +23,17 @@ Sections (each prints a Markdown table; times from ``triton.testing.do_bench``, 
   under ``torch.cuda.set_sync_debug_mode("error")``; replay time against the eager step.
 - ``tokens``: the Triton kernel's tokens-per-program setting swept on decode and small-head shapes
   (to tune :func:`posenc.kernels.triton_rope.tokens_per_program`).
+- ``host``: what a decode call costs on the host: wall microseconds per call (2,000 calls, one
+  synchronisation) and the kernels' GPU microseconds (profiler), for every posenc entry point and
+  every peer, against an empty Triton launch with the same number of arguments (the floor).
 
-Peers, each used where importable: Hugging Face's eager ``q * cos + rotate_half(q) * sin`` and the
-same under ``torch.compile``; Liger-Kernel (``LigerRopeFunction``, ``LigerRMSNormFunction``);
-FlashInfer (``apply_rope_with_cos_sin_cache_inplace``); flash-attention's Triton rotary
-(``flash_attn.ops.triton.rotary.apply_rotary``; without the compiled flash-attn package, point
+Peers, each used where importable and called as its users call it: Hugging Face's eager
+``q * cos + rotate_half(q) * sin`` and the same under ``torch.compile``; Liger-Kernel
+(``LigerRopeFunction``, ``LigerRMSNormFunction``), given q and k in the (B, S, H, D) storage of a
+transformers model's projections viewed as (B, H, S, D), as transformers' Liger integration does;
+FlashInfer (``apply_rope_with_cos_sin_cache_inplace``); flash-attention's Triton rotary, both through
+its public ``apply_rotary`` (which launches through ``torch.library.wrap_triton``) and as a direct
+``rotary_kernel[grid](...)`` launch (without the compiled flash-attn package, point
 ``FLASH_ATTN_ROTARY_PY`` at ``flash_attn/ops/triton/rotary.py`` from its source distribution).
 Every row also prints the largest difference of its rotated q from a float32 torch reference.
 Without CUDA (and without ``--dry-run``) it says so and exits 0.  A dry run also tries the
@@ -43,7 +49,13 @@ import os
 import sys
 from collections.abc import Callable
 
-SECTIONS = ("prefill", "backward", "decode", "varlen", "cache", "qknorm", "graph", "tokens")
+if __name__ == "__main__" and "--dry-run" in sys.argv[1:]:
+    # before anything imports Triton: Triton reads it when it decorates a kernel, and transformers and
+    # Liger-Kernel import Triton (and decorate their kernels) as soon as they are imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+#: (the host cost first: a run cut short by gpu_check.sh's time limit still has it)
+SECTIONS = ("host", "decode", "prefill", "backward", "cache", "qknorm", "varlen", "graph", "tokens")
 
 
 class Bench:
@@ -151,12 +163,35 @@ def _load_peers(dry: bool) -> dict[str, Callable]:
                 mod.torch = _NoCudaDevice()
             peers["flash_attn_rotary"] = mod.apply_rotary
         elif importlib.util.find_spec("flash_attn"):
+            import flash_attn.ops.triton.rotary as mod
             from flash_attn.ops.triton.rotary import apply_rotary
 
             peers["flash_attn_rotary"] = apply_rotary
+        if "flash_attn_rotary" in peers and hasattr(mod, "rotary_kernel"):
+            peers["flash_attn_rotary_kernel"] = _flash_attn_direct(mod.rotary_kernel)
     except Exception as exc:  # noqa: BLE001
         print(f"(flash-attention's rotary not usable: {type(exc).__name__}: {exc})")
     return peers
+
+
+def _flash_attn_direct(kernel) -> Callable:
+    """flash-attention's ``rotary_kernel`` launched as ``kernel[grid](...)``, in place on ``x`` (B, S, H, D),
+    without the ``torch.library.wrap_triton`` and device guard its ``apply_rotary`` adds: its kernel as
+    an engine would call it.  The arguments follow its ``apply_rotary`` (no varlen, int offsets)."""
+    import triton
+
+    def rotate(x, cos, sin, seqlen_offsets=0):
+        batch, seqlen, nheads, headdim = x.shape
+        seqlen_ro, half = cos.shape
+        rotary_dim = 2 * half
+        grid = lambda meta: (triton.cdiv(nheads, meta["BLOCK_H"]), triton.cdiv(seqlen, meta["BLOCK_M"]), batch)  # noqa: E731
+        kernel[grid](x, x, cos, sin, None, seqlen_offsets, seqlen, nheads, seqlen_ro,
+                     x.stride(0), x.stride(-3), x.stride(-2), x.stride(-1),
+                     x.stride(0), x.stride(-3), x.stride(-2), x.stride(-1),
+                     rotary_dim, isinstance(seqlen_offsets, int) is False, False, False, False,
+                     BLOCK_M=8 if rotary_dim <= 128 else 4, BLOCK_H=2)
+        return x
+    return rotate
 
 
 class _NoCudaDevice:
@@ -206,7 +241,7 @@ def _transformers_rope() -> Callable | None:
     return apply_rotary_pos_emb
 
 
-_HF_ROPE = _transformers_rope()
+_HF_ROPE: Callable | None = None        # (found by main(), after the interpreter is set for a dry run)
 
 
 def _hf(q, k, cos, sin):
@@ -283,9 +318,14 @@ def _prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref, backward
         if hfc is not None:
             rows.append(("HF eager under torch.compile (autograd)", train(lambda a, b: hfc(a, b, c_hf, s_hf)), None))
         liger = bench.peers.get("liger_rope")
-        if liger is not None and sd == 2:
-            c_l, s_l = c_hf[0], s_hf[0]                                          # (1, S, D)
-            rows.append(("Liger LigerRopeFunction (autograd)", train(lambda a, b: liger(a, b, c_l, s_l)), None))
+        if liger is not None:
+            # as transformers models call it: (B, S, H, D) storage viewed as (B, H, S, D), cos (1, S, D)
+            c_l, s_l = c_hf.reshape(1, -1, c_hf.shape[-1]), s_hf.reshape(1, -1, s_hf.shape[-1])
+            ql_g, kl_g = (_bshd(t, sd).requires_grad_() for t in (q, k))
+            gl_q, gl_k = _bshd(gq, sd).transpose(1, 2), _bshd(gk, sd).transpose(1, 2)
+            rows.append(("Liger LigerRopeFunction, (B, S, H, D) storage (autograd)",
+                         lambda: torch.autograd.grad(liger(ql_g.transpose(1, 2), kl_g.transpose(1, 2), c_l, s_l),
+                                                     (ql_g, kl_g), (gl_q, gl_k)), None))
         return rows
     rows = [("limit: copy q and k", lambda: (qb.copy_(q), kb.copy_(k)), None)]
     qi, ki = q.clone(), k.clone()
@@ -308,14 +348,20 @@ def _peer_prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref):
     import torch
 
     rows = []
-    liger = bench.peers.get("liger_rope")
-    if liger is not None and sd == 2:                                      # Liger takes (B, H, S, D)
-        ql, kl = q.clone(), k.clone()
-        rows.append(("Liger LigerRopeFunction", lambda: liger(ql, kl, c_hf[0], s_hf[0]),
-                     lambda: (liger(q.clone(), k.clone(), c_hf[0], s_hf[0])[0], ref)))
     qt = q if sd == 1 else q.transpose(1, 2)                               # (B, S, H, D) views
     kt = k if sd == 1 else k.transpose(1, 2)
     B, S, Hq, D = qt.shape
+    liger = bench.peers.get("liger_rope")
+    if liger is not None:
+        # as transformers models call it: their (B, S, H, D) projections viewed as (B, H, S, D)
+        ql, kl = _bshd(q, sd), _bshd(k, sd)
+        c_l, s_l = c_hf.reshape(1, S, D), s_hf.reshape(1, S, D)
+
+        def liger_check():
+            out = liger(ql.clone().transpose(1, 2), kl.clone().transpose(1, 2), c_l, s_l)[0]   # (B, H, S, D)
+            return (out if sd == 2 else out.transpose(1, 2), ref)
+        rows.append(("Liger LigerRopeFunction, (B, S, H, D) storage",
+                     lambda: liger(ql.transpose(1, 2), kl.transpose(1, 2), c_l, s_l), liger_check))
     fi = bench.peers.get("flashinfer_rope")
     if fi is not None:                                                     # FlashInfer: (tokens, H * D)
         qf, kf = qt.reshape(B * S, Hq * D).clone(), kt.reshape(B * S, -1).clone()
@@ -335,7 +381,22 @@ def _peer_prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref):
                      lambda: (fa(qa, c_fa, s_fa, inplace=True), fa(ka, c_fa, s_fa, inplace=True)),
                      lambda: (fa(qt.contiguous(), c_fa, s_fa) if sd == 1 else
                               fa(qt.contiguous(), c_fa, s_fa).transpose(1, 2), ref)))
+        direct = bench.peers.get("flash_attn_rotary_kernel")
+        if direct is not None:
+            qd, kd = qa.clone(), ka.clone()
+            rows.append(("flash-attention rotary_kernel launched directly (q and k, in place)",
+                         lambda: (direct(qd, c_fa, s_fa), direct(kd, c_fa, s_fa)),
+                         lambda: (direct(qt.contiguous(), c_fa, s_fa) if sd == 1 else
+                                  direct(qt.contiguous(), c_fa, s_fa).transpose(1, 2), ref)))
     return rows
+
+
+def _bshd(t, seq_dim: int = 1):
+    """A copy of ``t`` in (B, S, H, D) storage, the layout of a transformers model's projections."""
+    import torch
+
+    x = t if seq_dim == 1 else t.transpose(1, 2)
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def section_decode(bench: Bench) -> None:
@@ -378,16 +439,16 @@ def section_decode(bench: Bench) -> None:
 
 
 def _peer_decode_rows(bench, q, k, pos, cos, sin, cos_hf, sin_hf, cs_cache, ref):
-    import torch
 
     rows = []
     B, _, Hq, D = q.shape
     liger = bench.peers.get("liger_rope")
-    if liger is not None:                                                  # (B, H, S, D), cos (B, S, D)
-        ql, kl = (t.transpose(1, 2).clone(memory_format=torch.contiguous_format) for t in (q, k))   # own copies
-        rows.append(("Liger LigerRopeFunction (rows gathered per call)",
-                     lambda: liger(ql, kl, cos_hf[pos].to(q.dtype), sin_hf[pos].to(q.dtype)),
-                     lambda: (liger(ql.clone(), kl.clone(), cos_hf[pos].to(q.dtype),
+    if liger is not None:                  # (B, S, H, D) storage viewed as (B, H, S, D), cos (B, S, D)
+        ql, kl = q.clone(), k.clone()                                       # own copies, (B, 1, H, D)
+        rows.append(("Liger LigerRopeFunction, (B, S, H, D) storage (rows gathered per call)",
+                     lambda: liger(ql.transpose(1, 2), kl.transpose(1, 2), cos_hf[pos].to(q.dtype),
+                                   sin_hf[pos].to(q.dtype)),
+                     lambda: (liger(ql.clone().transpose(1, 2), kl.clone().transpose(1, 2), cos_hf[pos].to(q.dtype),
                                     sin_hf[pos].to(q.dtype))[0].transpose(1, 2), ref)))
     fi = bench.peers.get("flashinfer_rope")
     if fi is not None:
@@ -407,6 +468,12 @@ def _peer_decode_rows(bench, q, k, pos, cos, sin, cos_hf, sin_hf, cs_cache, ref)
                      lambda: (fa(qa, c_fa, s_fa, seqlen_offsets=off, inplace=True),
                               fa(ka, c_fa, s_fa, seqlen_offsets=off, inplace=True)),
                      lambda: (fa(q.clone(), c_fa, s_fa, seqlen_offsets=off), ref)))
+        direct = bench.peers.get("flash_attn_rotary_kernel")
+        if direct is not None:
+            qd, kd = q.clone(), k.clone()
+            rows.append(("flash-attention rotary_kernel launched directly (seqlen_offsets per row, q then k)",
+                         lambda: (direct(qd, c_fa, s_fa, off), direct(kd, c_fa, s_fa, off)),
+                         lambda: (direct(q.clone(), c_fa, s_fa, off), ref)))
     return rows
 
 
@@ -718,6 +785,144 @@ def section_tokens(bench: Bench) -> None:
         print(f"| {(B, S, Hq, Hk, D)} | {default} | " + " | ".join(cells) + " |")
 
 
+def _empty_kernels():
+    """Triton kernels that do nothing, with 3 and with 35 arguments (9 pointers and 26 integers, as
+    posenc's RoPE kernel): the floor of a launch from Python."""
+    import triton
+
+    @triton.jit
+    def empty3(a, b, c):
+        pass
+
+    @triton.jit
+    def empty35(p0, p1, p2, p3, p4, p5, p6, p7, p8, i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14,
+                i15, i16, i17, i18, i19, i20, i21, i22, i23, i24, i25):
+        pass
+
+    return empty3, empty35
+
+
+def _host_cost(bench: Bench, fn: Callable[[], object], calls: int = 2000) -> tuple[float, float] | None:
+    """``(wall us per call, GPU us per call)``: ``calls`` calls and one synchronisation, then the kernels'
+    own time from the profiler over 50 calls (None in a dry run)."""
+    import time
+
+    import torch
+
+    fn()
+    if bench.dry:
+        return None
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / calls * 1e6
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+    gpu = 0.0
+    for e in prof.key_averages():
+        gpu += float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+    return wall, gpu / 50
+
+
+def section_host(bench: Bench) -> None:
+    """What a decode call costs on the host, against an empty launch of the same arity (the floor)."""
+    import torch
+
+    import posenc
+    from posenc._torch import plans
+    from posenc.functional import rope as R
+    from posenc.kernels import triton_launch, triton_rope
+
+    empty3, empty35 = _empty_kernels()
+    Hq, Hk, D, P = (4, 2, 64, 64) if bench.dry else (32, 8, 128, 4096)
+    cos, sin, cos_hf, sin_hf, _ = _tables(bench, P, D)
+    rope = posenc.RotaryEmbedding(D, max_seq_len=P, device=bench.device)
+    x = torch.zeros(8, device=bench.device)
+    ints = list(range(1, 27))
+    floors = [("empty Triton kernel, 3 arguments", lambda: empty3[(1,)](x, x, x)),
+              ("empty Triton kernel, 35 arguments (9 pointers, 26 integers)",
+               lambda: empty35[(1,)](x, x, x, x, x, x, x, x, x, *ints)),
+              ("one aten operator (x.add_(1))", lambda: x.add_(1))]
+    for B in (1, 64) if not bench.dry else (1, 3):
+        for dtype in _dtypes(bench):
+            q = torch.randn(B, 1, Hq, D, device=bench.device, dtype=dtype)         # (B, S=1, H, D)
+            k = torch.randn(B, 1, Hk, D, device=bench.device, dtype=dtype)
+            v = torch.randn_like(k)
+            pos = torch.randint(0, P - 1, (B, 1), device=bench.device)
+            lens = pos[:, 0].clone()
+            kc = torch.zeros(B, Hk, P, D, device=bench.device, dtype=dtype)
+            vc = torch.zeros_like(kc)
+            w = torch.rand(D, device=bench.device, dtype=dtype) + 0.5
+            rotation = triton_rope.prepare(q, k, cos, sin, pos, 0, "half", 1, False)
+
+            def fallback(q=q, k=k, pos=pos):
+                triton_launch.DIRECT = False
+                try:
+                    return R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton",
+                                           assume_valid=True)
+                finally:
+                    triton_launch.DIRECT = True
+
+            posenc_rows = [
+                ("posenc: the prepared rotation alone (a plan's run)", lambda: rotation(q, k, cos, sin, pos, 0)),
+                ("posenc apply_rope_qk, positions promised", lambda: R.apply_rope_qk(
+                    q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)),
+                ("posenc apply_rope_qk, positions checked (one read)", lambda: R.apply_rope_qk(
+                    q, k, cos, sin, positions=pos, seq_dim=1, backend="triton")),
+                ("posenc apply_rope_qk, offset", lambda: R.apply_rope_qk(q, k, cos, sin, offset=17, seq_dim=1,
+                                                                          backend="triton")),
+                ("posenc RotaryEmbedding, offset", lambda: rope(q, k, offset=17, seq_dim=1)),
+                ("posenc RotaryEmbedding, positions promised", lambda: rope(q, k, positions=pos, seq_dim=1,
+                                                                            assume_valid=True)),
+                ("posenc rope_and_cache, promised", lambda: posenc.rope_and_cache(
+                    q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, backend="triton", assume_valid=True)),
+                ("posenc rms_norm_rope_qk, promised", lambda: posenc.rms_norm_rope_qk(
+                    q, k, w, w, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)),
+                ("posenc apply_rope_qk, positions promised, kernel[grid] fallback (no direct launch)", fallback),
+            ]
+            peer_rows = [("HF eager (rows gathered per call)",
+                          lambda q=q, k=k, pos=pos: _hf(q, k, cos_hf[pos].unsqueeze(2).to(q.dtype),
+                                                        sin_hf[pos].unsqueeze(2).to(q.dtype)))]
+            hfc = bench.compile("hf_decode", lambda q, k, pos: _hf(q, k, cos_hf[pos].unsqueeze(2).to(q.dtype),
+                                                                   sin_hf[pos].unsqueeze(2).to(q.dtype)))
+            if hfc is not None:
+                peer_rows.append(("HF eager under torch.compile", lambda q=q, k=k, pos=pos: hfc(q, k, pos)))
+            liger = bench.peers.get("liger_rope")
+            if liger is not None:
+                peer_rows.append(("Liger LigerRopeFunction, (B, S, H, D) storage",
+                                  lambda q=q, k=k, pos=pos: liger(q.transpose(1, 2), k.transpose(1, 2),
+                                                                  cos_hf[pos].to(q.dtype), sin_hf[pos].to(q.dtype))))
+            fa, direct = bench.peers.get("flash_attn_rotary"), bench.peers.get("flash_attn_rotary_kernel")
+            off = pos.reshape(B).int()
+            c_fa, s_fa = cos.to(dtype), sin.to(dtype)
+            if fa is not None:
+                peer_rows.append(("flash-attention apply_rotary (q then k, in place)", lambda q=q, k=k, off=off: (
+                    fa(q, c_fa, s_fa, seqlen_offsets=off, inplace=True), fa(k, c_fa, s_fa, seqlen_offsets=off,
+                                                                             inplace=True))))
+            if direct is not None:
+                peer_rows.append(("flash-attention rotary_kernel launched directly (q then k)",
+                                  lambda q=q, k=k, off=off: (direct(q, c_fa, s_fa, off), direct(k, c_fa, s_fa, off))))
+            name = str(dtype).replace("torch.", "")
+            print(f"\n### Host cost of a decode call: B={B}, {Hq} | {Hk} heads of {D}, {name}\n")
+            print("| call | wall us per call | GPU us per call | wall / empty 35-argument launch |")
+            print("|---|---:|---:|---:|")
+            measured = [(label, _host_cost(bench, fn)) for label, fn in floors + posenc_rows + peer_rows]
+            floor = measured[1][1][0] if measured[1][1] is not None else None
+            for label, cost in measured:
+                if cost is None:
+                    print(f"| {label} | (dry run) | | |")
+                else:
+                    print(f"| {label} | {cost[0]:.1f} | {cost[1]:.1f} | {cost[0] / floor:.2f} |")
+            direct_plans = [p for p in plans._plans.values() if getattr(getattr(p.run, "launch", None), "direct", None)]
+            print(f"\nposenc plans kept: {len(plans._plans)}; with a direct launch of the compiled kernel: "
+                  f"{len(direct_plans)}; this Triton's launch convention matches: {triton_launch.direct_supported()}")
+            sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
@@ -726,6 +931,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"                       # before Triton decorates any kernel
+    global _HF_ROPE
+    _HF_ROPE = _transformers_rope()
     import torch
 
     if importlib.util.find_spec("triton") is None:
@@ -743,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'transformers apply_rotary_pos_emb' if _HF_ROPE is not None else 'its formula (transformers absent)'}")
     sections = {"prefill": section_prefill, "backward": lambda b: section_prefill(b, backward=True),
                 "decode": section_decode, "varlen": section_varlen, "cache": section_cache,
-                "qknorm": section_qknorm, "graph": section_graph, "tokens": section_tokens}
+                "qknorm": section_qknorm, "graph": section_graph, "tokens": section_tokens, "host": section_host}
     failed = []
     for name in args.only:
         try:

@@ -3,15 +3,20 @@
 #
 #   bash scripts/gpu_check.sh [REPORT.md]        (default: gpu-report-<UTC time>.md in the current folder)
 #
-# 1. every CUDA test, each file in its own process (Triton decides at import whether kernels are
-#    interpreted): the compiled kernels against the torch engine, no host synchronisation under
+# 1. every CUDA test, in parallel (pytest-xdist, when installed): the compiled kernels against the
+#    torch engine, the direct launch against Triton's own, no host synchronisation under
 #    torch.cuda.set_sync_debug_mode("error"), CUDA-graph capture and replay of decode steps, inputs
-#    on a second GPU; and the compile check of every kernel specialization;
+#    on a second GPU, patched transformers models against unpatched ones; and the compile check of
+#    every kernel specialization;
 # 2. every section of benchmarks/gpu_rope.py against every installed peer (transformers eager and
-#    compiled, Liger-Kernel, FlashInfer, flash-attention's rotary; the absent ones are listed).
+#    compiled, Liger-Kernel, FlashInfer, flash-attention's rotary; the absent ones are listed),
+#    the host cost of a decode call included.
 #
-# The report starts with the date, the commit, the GPU and the versions. The script exits non-zero
-# when a test or a benchmark section fails, and prints where the report is either way.
+# The report starts with the date, the commit, the GPU and the versions, and is written as the run
+# goes: a run cut off (or stopped by the time limits below) still leaves what it measured.  Meant to
+# finish in about 6 minutes on one H100/H200: the tests get GPU_CHECK_TEST_S seconds (default 200)
+# and the benchmark GPU_CHECK_BENCH_S (default 240).  The script exits non-zero when a test or a
+# benchmark section fails, and prints where the report is either way.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -25,7 +30,8 @@ fi
 
 CUDA_TESTS=(
   tests/test_triton_kernels_cuda.py   # every kernel vs the torch engine; inputs on cuda:1
-  tests/test_triton_rope_cuda.py      # the RoPE kernel forward/backward, auto dispatch, torch.compile
+  tests/test_triton_rope_cuda.py      # the RoPE kernel forward/backward, auto dispatch, torch.compile, direct launch
+  tests/test_hf_cuda.py               # patched transformers models vs unpatched ones on CUDA
   tests/test_gpu_paths_cuda.py        # varlen, KV cache, QK-norm; no sync; a fused decode step in a graph
   tests/test_cuda_decode.py           # module decode steps without sync, captured in a CUDA graph
   tests/test_triton_compile.py        # every specialization compiled for sm_80/90 and newer (no GPU needed)
@@ -43,7 +49,8 @@ import triton
 props = torch.cuda.get_device_properties(0)
 print(f"- GPU: {torch.cuda.get_device_name(0)} (sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB),"
       f" {torch.cuda.device_count()} visible; CUDA {torch.version.cuda}")
-print(f"- torch {torch.__version__}, triton {triton.__version__}")
+import sys
+print(f"- python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}")
 peers = []
 for name in ("transformers", "liger-kernel", "flashinfer-python", "flashinfer", "flash-attn"):
     try:
@@ -56,38 +63,43 @@ EOF
 } > "$report"
 
 status=0
-echo "## Tests" >> "$report"
-echo >> "$report"
-echo "| file | result |" >> "$report"
-echo "|---|---|" >> "$report"
 logs=$(mktemp -d)
-for f in "${CUDA_TESTS[@]}"; do
-  echo "== $f" >&2
-  log="$logs/$(basename "$f" .py).log"
-  $PY -m pytest "$f" -q -p no:randomly -rfEs > "$log" 2>&1
-  rc=$?
-  summary=$(grep -E '^=+ .*(passed|failed|skipped|error).* =+$|^[0-9]+ (passed|failed|skipped)' "$log" | tail -1 | tr -d '=' | sed 's/^ *//')
-  [ -z "$summary" ] && summary="exit code $rc"
-  # exit code 5: every test skipped or none collected (e.g. a single GPU for a two-GPU file)
-  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; summary="**FAILED** ($summary)"; fi
-  echo "| \`$f\` | $summary |" >> "$report"
-  echo "   $summary" >&2
-done
-for f in "${CUDA_TESTS[@]}"; do
-  log="$logs/$(basename "$f" .py).log"
-  if grep -qE '^(FAILED|ERROR) ' "$log"; then
-    { echo; echo "<details><summary>failures in $f</summary>"; echo; echo '```'
-      grep -E '^(FAILED|ERROR) ' "$log" | head -50; echo '```'; echo "</details>"; } >> "$report"
-  fi
-done
+workers=()
+if $PY -c 'import xdist' 2>/dev/null; then workers=(-n "${GPU_CHECK_WORKERS:-8}"); fi
+echo "## Tests (${#CUDA_TESTS[@]} files${workers:+, pytest ${workers[*]}})" >> "$report"
+echo >> "$report"
+echo "== tests" >&2
+start=$(date +%s)
+timeout "${GPU_CHECK_TEST_S:-200}" $PY -m pytest "${CUDA_TESTS[@]}" "${workers[@]}" -q -p no:randomly -rfEs \
+  -o addopts="" > "$logs/tests.log" 2>&1
+rc=$?
+summary=$(grep -E '^=+ .*(passed|failed|skipped|error).* =+$|^[0-9]+ (passed|failed|skipped)' "$logs/tests.log" | tail -1 | tr -d '=' | sed 's/^ *//')
+[ -z "$summary" ] && summary="exit code $rc"
+[ $rc -eq 124 ] && summary="**stopped after ${GPU_CHECK_TEST_S:-200} s** ($summary)"
+# exit code 5: every test skipped or none collected (e.g. a single GPU for a two-GPU file)
+if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then status=1; summary="**FAILED** ($summary)"; fi
+echo "$summary, in $(( $(date +%s) - start )) s" >> "$report"
+echo "   $summary" >&2
+if grep -qE '^(FAILED|ERROR) ' "$logs/tests.log"; then
+  { echo; echo "<details><summary>failures</summary>"; echo; echo '```'
+    grep -E '^(FAILED|ERROR) ' "$logs/tests.log" | head -50; echo '```'; echo "</details>"; } >> "$report"
+fi
+{ echo; echo "<details><summary>skipped</summary>"; echo; echo '```'
+  grep -E '^SKIPPED' "$logs/tests.log" | head -30; echo '```'; echo "</details>"; } >> "$report"
 
 echo >> "$report"
 echo "## Benchmarks (benchmarks/gpu_rope.py, every section)" >> "$report"
 echo >> "$report"
 echo "== benchmarks/gpu_rope.py" >&2
-$PY benchmarks/gpu_rope.py >> "$report" 2> "$logs/bench.err"
+start=$(date +%s)
+timeout "${GPU_CHECK_BENCH_S:-240}" $PY -u benchmarks/gpu_rope.py >> "$report" 2> "$logs/bench.err"
 rc=$?
-if [ $rc -ne 0 ]; then
+echo >> "$report"
+echo "(benchmark: $(( $(date +%s) - start )) s)" >> "$report"
+if [ $rc -eq 124 ]; then
+  status=1
+  echo "**The benchmark was stopped after ${GPU_CHECK_BENCH_S:-240} s; the sections above are complete.**" >> "$report"
+elif [ $rc -ne 0 ]; then
   status=1
   { echo; echo "**The benchmark failed (exit code $rc):**"; echo; echo '```'; tail -30 "$logs/bench.err"; echo '```'; } >> "$report"
 fi

@@ -21,7 +21,8 @@ def test_dry_run_checks_every_posenc_row():
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     for title in ("Forward: MHA", "Forward + backward: GQA", "Decode step: B=3", "Packed batch",
-                  "contiguous cache", "paged cache", "QK-RMSNorm + RoPE forward + backward", "Tokens per program"):
+                  "contiguous cache", "paged cache", "QK-RMSNorm + RoPE forward + backward", "Tokens per program",
+                  "Host cost of a decode call: B=3"):
         assert title in out, f"section {title!r} missing from the dry run"
     checked = 0
     dtype = None
@@ -57,7 +58,7 @@ def test_gpu_check_runs_every_cuda_test_file_and_the_whole_benchmark():
     assert cuda_files <= listed, f"CUDA test files missing from gpu_check.sh: {cuda_files - listed}"
     assert "tests/test_triton_compile.py" in listed
     assert all((ROOT / f).exists() for f in listed)
-    run = re.search(r"^\$PY benchmarks/gpu_rope\.py(.*)$", script, re.M)
+    run = re.search(r"\$PY -u benchmarks/gpu_rope\.py(.*)$", script, re.M)
     assert run is not None and "--only" not in run.group(1)             # every section
 
 
@@ -69,3 +70,11 @@ def test_gpu_check_without_cuda_says_so_and_exits_2(tmp_path):
     assert run.returncode == 2, run.stderr
     assert "no CUDA device" in run.stderr
     assert not report.exists()
+
+
+def test_gpu_check_runs_the_tests_in_parallel_within_time_limits_and_reports_as_it_goes():
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    assert re.search(r"workers=\(-n ", script)                               # pytest-xdist where installed
+    assert 'timeout "${GPU_CHECK_TEST_S:-200}"' in script and 'timeout "${GPU_CHECK_BENCH_S:-240}"' in script
+    assert re.search(r'benchmarks/gpu_rope\.py >> "\$report"', script)      # appended while it runs, unbuffered
+    assert "-u benchmarks/gpu_rope.py" in script

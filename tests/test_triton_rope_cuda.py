@@ -45,3 +45,70 @@ def test_cuda_auto_dispatch_and_compile():
     assert resolve_rope_backend("auto", q, None) == "triton"
     f = torch.compile(lambda q: R.apply_rope_qk(q, None, cos, sin)[0], fullgraph=True)
     torch.testing.assert_close(f(q), R.apply_rope_qk(q, None, cos, sin, backend="torch")[0], rtol=0, atol=2e-6)
+
+
+# ---- the direct launch of the compiled kernel (posenc.kernels.triton_launch) ---------------------------------
+
+
+def _decode_step(dtype=torch.bfloat16, B=4):
+    inv, _ = R.rope_inv_freq(128)
+    cos, sin = (t.cuda() for t in R.rope_cos_sin(torch.arange(4096), inv))
+    q = torch.randn(B, 1, 32, 128, device="cuda", dtype=dtype)
+    k = torch.randn(B, 1, 8, 128, device="cuda", dtype=dtype)
+    pos = torch.randint(0, 4096, (B, 1), device="cuda")
+    return q, k, cos, sin, pos
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_plan_launches_the_compiled_kernel_directly_with_the_result_of_kernel_grid(dtype, monkeypatch):
+    from posenc._torch import plans
+    from posenc.kernels import triton_launch
+
+    assert triton_launch.direct_supported(), "this Triton launches compiled kernels another way: direct launch off"
+    q, k, cos, sin, pos = _decode_step(dtype)
+    plans.clear()
+    first = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    (plan,) = plans._plans.values()
+    assert plan.run.launch.direct is not None                  # kept by the first (aligned) call
+    calls = []
+    real = triton_launch.Launch.fallback
+    monkeypatch.setattr(triton_launch.Launch, "fallback", lambda self, args: (calls.append(1), real(self, args)))
+    direct = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    assert calls == []                                          # no kernel[grid](...) on the second call
+    monkeypatch.setattr(triton_launch, "DIRECT", False)
+    plans.clear()
+    forced = [R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+              for _ in range(2)][1]
+    assert calls == [1, 1]                                      # forced: every launch through kernel[grid](...)
+    for a, b, c in zip(first, direct, forced, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_an_unaligned_view_takes_kernel_grid_and_gives_the_same_values():
+    from posenc._torch import plans
+
+    q, k, cos, sin, pos = _decode_step(torch.float32)
+    plans.clear()
+    R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    buf = torch.randn(q.numel() + 1, device="cuda")
+    q2 = buf[1:].view_as(q)                                     # 4 bytes past a 16-byte boundary
+    q2.copy_(q)
+    got = R.apply_rope_qk(q2, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    want = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="torch")
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-6)
+
+
+def test_the_backward_rotates_owned_gradients_in_place_and_leaves_the_users_alone():
+    q = torch.randn(2, 64, 8, 128, device="cuda", requires_grad=True)
+    k = torch.randn(2, 64, 2, 128, device="cuda", requires_grad=True)
+    inv, _ = R.rope_inv_freq(128)
+    cos, sin = (t.cuda() for t in R.rope_cos_sin(torch.arange(128), inv))
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    keep = gq.clone(), gk.clone()
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, backend="triton")
+    dq, dk = torch.autograd.grad((qt, kt), (q, k), (gq, gk))
+    assert torch.equal(gq, keep[0]) and torch.equal(gk, keep[1])
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, backend="torch")
+    rq, rk = torch.autograd.grad((qr, kr), (q, k), (gq, gk))
+    torch.testing.assert_close(dq, rq, rtol=0, atol=2e-6)
+    torch.testing.assert_close(dk, rk, rtol=0, atol=2e-6)
