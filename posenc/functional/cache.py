@@ -178,16 +178,18 @@ def rope_and_cache(
         # the caches' addresses are part of it (whether the two share memory was checked for them)
         index = cache_seqlens if slots is None else slots
         try:
-            key = ("rope_and_cache", q.shape, q.stride(), q.dtype, q.device, q.requires_grad,
-                   k.shape, k.stride(), k.dtype, k.requires_grad, v.shape, v.stride(), v.dtype, v.requires_grad,
+            # (requiring grad is refused only while autograd records: the key says so then)
+            grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, cos, sin))
+            key = ("rope_and_cache", q.shape, q.stride(), q.dtype, q.device, grad,
+                   k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device,
                    k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr(),
-                   k_cache.requires_grad, v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
-                   v_cache.data_ptr(), v_cache.requires_grad, cos.shape, cos.stride(), cos.dtype, cos.device,
-                   cos.requires_grad, sin.shape, sin.stride(), sin.dtype, sin.device, sin.requires_grad,
+                   v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
+                   v_cache.data_ptr(), cos.shape, cos.stride(), cos.dtype, cos.device,
+                   sin.shape, sin.stride(), sin.dtype, sin.device,
                    slots is None, None if index is None else (index.shape, index.stride(), index.dtype, index.device),
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   layout, seq_dim, inplace, backend, assume_valid, torch.is_grad_enabled())
+                   layout, seq_dim, inplace, backend, assume_valid)
         except RuntimeError:                                            # (sparse tensors have no strides)
             key = None
         plan = plans.get(key)

@@ -414,13 +414,15 @@ def apply_rope_qk(
             and not torch.compiler.is_compiling()):
         # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans)
         try:
-            key = ("apply_rope_qk", q.shape, q.stride(), q.dtype, q.device, q.requires_grad,
-                   None if k is None else (k.shape, k.stride(), k.dtype, k.device, k.requires_grad),
-                   cos.shape, cos.stride(), cos.dtype, cos.device, cos.requires_grad,
-                   sin.shape, sin.stride(), sin.dtype, sin.device, sin.requires_grad,
+            # (which tensors require grad matters only while autograd records)
+            grad = torch.is_grad_enabled() and (q.requires_grad, k is not None and k.requires_grad,
+                                                cos.requires_grad, sin.requires_grad)
+            key = ("apply_rope_qk", q.shape, q.stride(), q.dtype, q.device,
+                   None if k is None else (k.shape, k.stride(), k.dtype, k.device),
+                   cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   layout, seq_dim, inplace, backend, assume_valid, torch.is_grad_enabled())
+                   layout, seq_dim, inplace, backend, assume_valid, grad)
         except RuntimeError:                                            # (sparse tensors have no strides)
             key = None
         plan = plans.find(key, q, k, positions, offset, inplace)

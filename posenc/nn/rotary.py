@@ -385,11 +385,13 @@ class RotaryEmbedding(TableModule):
         decision read) and the table it rotates by."""
         table = cast(torch.Tensor, self._buffers["packed_table"])   # (not through nn.Module.__getattr__)
         try:
+            # (which tensors require grad matters only while autograd records)
+            grad = torch.is_grad_enabled() and (q.requires_grad, k is not None and k.requires_grad)
             key = ("RotaryEmbedding", self._signature, table.device, q.shape, q.stride(), q.dtype, q.device,
-                   q.requires_grad, None if k is None else (k.shape, k.stride(), k.dtype, k.device, k.requires_grad),
+                   None if k is None else (k.shape, k.stride(), k.dtype, k.device),
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   seq_dim, inplace, assume_valid, torch.is_grad_enabled())
+                   seq_dim, inplace, assume_valid, grad)
         except RuntimeError:                                         # (sparse tensors have no strides)
             return None, table
         return key, table
