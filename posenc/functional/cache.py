@@ -179,7 +179,8 @@ def rope_and_cache(
         index = cache_seqlens if slots is None else slots
         try:
             # (requiring grad is refused only while autograd records: the key says so then)
-            grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, cos, sin))
+            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or cos.requires_grad
+                                                or sin.requires_grad or k_cache.requires_grad or v_cache.requires_grad)
             key = ("rope_and_cache", q.shape, q.stride(), q.dtype, q.device, grad,
                    k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device,
                    k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr(),
