@@ -263,6 +263,16 @@ def pack_tables(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tens
     return torch.stack([cos, sin], -1).flatten(-2)
 
 
+def decode_factors(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """Views of a :func:`pack_tables` table that give a decode step its factor rows by one index
+    each: ``([cos | cos], [-sin | sin])`` (half layout, ``(P, 2h)`` each) or ``cos + i sin`` (interleaved,
+    ``(P, h)`` complex).  Made where the table is made, by the module that owns it."""
+    if layout == "half":
+        d = packed.shape[-1] // 2
+        return packed[:, :d], packed[:, d:]
+    return (torch.view_as_complex(packed.view(packed.shape[0], -1, 2)),)
+
+
 def unpack_tables(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` ``(P, h)`` views of a :func:`pack_tables` table."""
     if layout == "half":
@@ -333,7 +343,7 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
     h, S, nd = cos.shape[-1], q.shape[seq_dim], q.dim()
     if (positions is not None or cu_seqlens is not None or inplace or _needs_reference(q, k, cos, sin)
             or not _small(q, k)):
-        def rotation(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None):
+        def rotation(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
             return rope_qk(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=seq_dim,
                            inplace=inplace, packed=packed, cu_seqlens=cu_seqlens)
         return rotation
@@ -349,9 +359,12 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
     pairs = (*q.shape[:head], (q.shape[head] + k.shape[head]) if concat else 0, *q.shape[head + 1:-1], h, 2)
     halves = (*pairs[:-2], 2, h)
 
-    def decode(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None):
-        if packed is None and concat and S == 1:
-            return _token(q, k, cos[offset], sin[offset])
+    def decode(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
+        if concat and S == 1:
+            if factors is not None:                                         # the owner's views of its table
+                return _factored(q, k, tuple(f[offset] for f in factors))
+            if packed is None:
+                return _token(q, k, cos[offset], sin[offset])
         # (one token: an integer index costs half what a one-row slice does)
         if packed is not None:
             rows = packed[offset] if S == 1 else packed.narrow(0, offset, S)   # (4h | 2h) or (S, 4h | 2h)
@@ -378,6 +391,21 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
                 both = _NARROW[dtype](both)                                 # one rounding
             return both.split_with_sizes(sizes, head)
         return _rotate_small(q, rows, h, layout, False), (None if k is None else _rotate_small(k, rows, h, layout, False))
+
+    def _factored(q, k, rows):
+        """One token from its factor rows: ``([cos | cos], [-sin | sin])`` or ``(cos + i sin,)``."""
+        both = torch.cat([q, k], head)
+        dtype = both.dtype
+        if dtype != torch.float32:
+            both = both.float()
+        if half:
+            rot = both.roll(h, -1)                                          # x2 first, then x1
+            both.mul_(rows[0]).addcmul_(rot, rows[1])
+        else:
+            torch.view_as_complex(both.view(pairs)).mul_(rows[0])
+        if dtype != torch.float32:
+            both = _NARROW[dtype](both)                                     # one rounding
+        return both.split_with_sizes(sizes, head)
 
     def _token(q, k, c, s):
         """One token from ``(h,)`` cos/sin rows, with no packed rows to build: the half layout as

@@ -234,7 +234,7 @@ class _Rotation:
         self.layout = layout
         self.spec = (layout == "interleaved", seq_dim)      # for the backward pass
 
-    def __call__(self, q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None):
+    def __call__(self, q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
         if cos is None:
             cos, sin = unpack_tables(packed, self.layout)                  # views of RotaryEmbedding's table
         if not self.grad:

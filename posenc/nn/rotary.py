@@ -27,7 +27,7 @@ from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
 from posenc.kernels import engine, rope_engine
-from posenc.kernels.torch_rope import pack_tables, unpack_tables
+from posenc.kernels.torch_rope import decode_factors, pack_tables, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
 
@@ -180,6 +180,7 @@ class RotaryEmbedding(TableModule):
         width = 4 * h if self.layout == "half" else 2 * h
         self.register_buffer("packed_table", torch.empty(self.max_seq_len, width, device=device), persistent=False)
         self._freqs = freqs
+        self._factors: tuple[torch.Tensor | None, tuple[torch.Tensor, ...]] = (None, ())
         self.reset_buffers()
 
     @classmethod
@@ -236,6 +237,19 @@ class RotaryEmbedding(TableModule):
             else:                                           # on the host (NumPy float64), moved as float32
                 s, c = host_sin_cos(range(self.max_seq_len), split, self.attention_factor)
             self.packed_table.copy_(pack_tables(c, s, self.layout))           # one rounding
+        self._make_factors()
+
+    def _make_factors(self) -> None:
+        """The decode step's factor rows as views of the packed table (:func:`decode_factors`), made with
+        the table (here and whenever ``.to()`` moves it); a step uses them only while they view the
+        table the module holds, so ``forward`` never writes them."""
+        table = cast(torch.Tensor, self._buffers["packed_table"])
+        self._factors = (table, decode_factors(table, self.layout))
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        self._make_factors()
+        return self
 
     @property
     def _rule(self) -> _LengthRule:
@@ -333,7 +347,9 @@ class RotaryEmbedding(TableModule):
             key, table = self._plan_key(q, k, positions, seq_dim, inplace, assume_valid)
             plan = plans.find(key, q, k, positions, offset, inplace)
             if plan is not None:
-                return plan.run(q, k, None, None, positions, offset, None, table)
+                views = self._factors                            # (the table's own views, made with it)
+                return plan.run(q, k, None, None, positions, offset, None, table,
+                                views[1] if views[0] is table else None)
         if assume_in_table is not UNSET:
             assume_valid = promise("RotaryEmbedding", assume_in_table, assume_valid)
         if cu_seqlens is not None:
