@@ -41,9 +41,6 @@ __all__ = ["DIRECT", "Launch", "direct_supported"]
 #: Set to False to take ``kernel[grid](...)`` for every launch (tests force the fallback with it).
 DIRECT = True
 
-#: Options of a launch that are not kernel parameters.
-_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-
 #: How Triton's own ``JITFunction.run`` calls a compiled kernel after binding its arguments (Triton 3.2
 #: to 3.9): the direct launch uses the same positional convention.
 _CONVENTION = re.compile(
@@ -94,7 +91,7 @@ class Launch:
 
     def __call__(self, *per_call) -> None:
         d = self.direct
-        if d is not None:
+        if d is not None and DIRECT:
             # (launch hooks, e.g. a profiler's: Triton 3.9 keeps empty chains of them, earlier ones None)
             knobs = d[5]
             enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
