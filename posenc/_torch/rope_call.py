@@ -179,23 +179,21 @@ def rotate(key: tuple | None, mod: Any, q: torch.Tensor, k: torch.Tensor | None,
     tables are ``cos``/``sin`` or ``packed``.
 
     ``read_range``: later calls with this key read their positions' range (given, not promised).
-    Calls that share memory between q and k in place, that record autograd in place, or whose tables
-    the Triton kernel would first convert, run without keeping a plan; while tracing, the engine's
-    one-shot call runs (for the Triton engines, its custom op).
+    Calls that share memory between q and k in place, or that record autograd in place, run without
+    keeping a plan; while tracing, the engine's one-shot call runs (for the Triton engines, its
+    custom op).
     """
     if torch.compiler.is_compiling():
         return feed(mod.rope_qk, q, k, inplace, cos=cos, sin=sin, packed=packed, positions=positions, offset=offset,
                     layout=layout, seq_dim=sd)
-    if inplace and (inplace_pair_overlaps(q, k) or torch.is_grad_enabled() and (
-            q.requires_grad or k is not None and k.requires_grad)):
-        key = None                                  # (q and k may share memory; autograd records an in-place call)
-        if k is not None and torch._C._overlaps(q, k):
-            return feed(mod.rope_qk, q, k, True, cos=cos, sin=sin, packed=packed, positions=positions, offset=offset,
-                        layout=layout, seq_dim=sd)
+    if inplace:
+        if inplace_pair_overlaps(q, k):                 # views of one buffer: out of place, then copied back
+            qr, kr = mod.rope_qk(q, k, cos=cos, sin=sin, packed=packed, positions=positions, offset=offset,
+                                 layout=layout, seq_dim=sd, inplace=False)
+            return q.copy_(qr), k.copy_(kr)             # type: ignore[union-attr]
+        if torch.is_grad_enabled() and (q.requires_grad or k is not None and k.requires_grad):
+            key = None                                  # (autograd records an in-place call: checked each time)
     cv, sv = (cos, sin) if cos is not None and sin is not None else mod.unpack_tables(packed, layout)
-    if mod.__name__.endswith("triton_rope") and (cv.dtype != torch.float32 or sv.dtype != torch.float32 or cv.stride() != sv.stride()):
-        return mod.rope_qk(q, k, cos=cv, sin=sv, positions=positions, offset=offset, layout=layout, seq_dim=sd,
-                           inplace=inplace)                # (converted per call: no plan)
     run = mod.prepare(q, k, cv, sv, positions, offset, layout, sd, inplace)
     plans.put(key, plans.Plan(run, cv.shape[0], q.shape[sd], read_range))
     return run(q, k, cos, sin, positions, offset, None, packed)

@@ -227,9 +227,6 @@ def rope_and_cache(
         q_out = mod.rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, index=index, positions=positions, paged=paged,
                                    layout=layout, seq_dim=sd, inplace=False, all_valid=all_valid)
         return q.copy_(q_out)                                          # q shares memory with k or v
-    if name == "triton" and (cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride()):
-        key = None                                                     # (tables converted per call: no plan)
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
     write = mod.prepare(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, layout, sd, inplace)
     plans.put(key, plans.Plan(write, cos.shape[0], 0, False, (paged, tokens, cap, token_dims)))
     return write(q, k, v, k_cache, v_cache, cos, sin, index, positions, all_valid)

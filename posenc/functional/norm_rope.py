@@ -184,9 +184,6 @@ def rms_norm_rope_qk(
     if torch.compiler.is_compiling():
         return mod.rms_norm_rope_qk(q, k, q_weight, k_weight, cos=cos, sin=sin, positions=positions, offset=offset,
                                     eps=eps, weight_offset=weight_offset, layout=layout, seq_dim=sd)
-    if name == "triton" and (cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride()):
-        key = None                                                      # (tables converted per call: no plan)
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
     rotation = mod.prepare(q, k, q_weight, k_weight, cos, sin, positions, offset, eps, weight_offset, layout, sd)
     read_range = positions is not None and not assume_valid and seq_len > 0
     plans.put(key, plans.Plan(rotation, cos.shape[0], seq_len, read_range))

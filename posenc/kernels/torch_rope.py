@@ -376,24 +376,14 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
             rows = rows.view(*shape, rows.shape[-1])                        # e.g. (S, 1, W) against (B, S, H, D)
         if rows.dtype != torch.float32:
             rows = rows.float()
-        if concat:                                      # (a fresh float32 tensor: rotated in place, in few calls)
-            both = torch.cat([q, k], head)
-            dtype = both.dtype
-            if dtype != torch.float32:
-                both = both.float()
-            if half:
-                a, b = rows.chunk(2, -1)                                    # [cos | cos], [-sin | sin]
-                rot = both.roll(h, -1)                                      # x2 first, then x1
-                both.mul_(a).addcmul_(rot, b)
-            else:
-                torch.view_as_complex(both.view(pairs)).mul_(torch.view_as_complex(rows.view(*rows.shape[:-1], h, 2)))
-            if dtype != torch.float32:
-                both = _NARROW[dtype](both)                                 # one rounding
-            return both.split_with_sizes(sizes, head)
+        if concat:                                      # [cos | cos], [-sin | sin] or cos + i sin
+            return _factored(q, k, rows.chunk(2, -1) if half else (
+                torch.view_as_complex(rows.view(*rows.shape[:-1], h, 2)),))
         return _rotate_small(q, rows, h, layout, False), (None if k is None else _rotate_small(k, rows, h, layout, False))
 
     def _factored(q, k, rows):
-        """One token from its factor rows: ``([cos | cos], [-sin | sin])`` or ``(cos + i sin,)``."""
+        """q and k as one fresh float32 tensor, rotated in place by factor rows ``([cos | cos], [-sin | sin])``
+        or ``(cos + i sin,)``, rounded once and split back."""
         both = torch.cat([q, k], head)
         dtype = both.dtype
         if dtype != torch.float32:

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from posenc.kernels.triton_launch import Launch
-from posenc.kernels.triton_rope import _float32_tables, _rotate_heads, num_warps, table_row
+from posenc.kernels.triton_rope import _converted, _float32_tables, _rotate_heads, num_warps, table_row
 
 __all__ = ["prepare", "rope_and_cache"]
 
@@ -173,12 +173,14 @@ def launch(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged: boo
 class _CacheWrite:
     """The eager rotation + cache write of calls with one signature (see :func:`rope_and_cache`)."""
 
-    __slots__ = ("launch", "inplace")
+    __slots__ = ("launch", "inplace", "convert")
 
-    def __init__(self, launch: Launch | None, inplace: bool):
-        self.launch, self.inplace = launch, inplace
+    def __init__(self, launch: Launch | None, inplace: bool, convert: bool):
+        self.launch, self.inplace, self.convert = launch, inplace, convert
 
     def __call__(self, q, k, v, k_cache, v_cache, cos, sin, index, positions, all_valid=None):
+        if self.convert:
+            cos, sin = _float32_tables(cos, sin)
         qo = q if self.inplace else torch.empty_like(q)
         if self.launch is not None:                                    # (None: no token to write)
             self.launch(q, k, v, qo, k_cache, v_cache, cos, sin, index if positions is None else positions, index)
@@ -187,15 +189,17 @@ class _CacheWrite:
 
 def prepare(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged: bool, layout: str, seq_dim: int,
             inplace: bool) -> _CacheWrite:
-    """The eager call of :func:`rope_and_cache` for calls like this one, specialised once (the tables
-    already float32 with one pair of strides): ``write(q, k, v, k_cache, v_cache, cos, sin, index,
-    positions, all_valid=None) -> q_out`` (``all_valid`` is not read: the kernel skips writes outside
-    the cache)."""
+    """The eager call of :func:`rope_and_cache` for calls like this one, specialised once (tables that
+    are not float32 with one pair of strides are converted by every call): ``write(q, k, v, k_cache,
+    v_cache, cos, sin, index, positions, all_valid=None) -> q_out`` (``all_valid`` is not read: the
+    kernel skips writes outside the cache)."""
+    convert = _converted(cos, sin)
+    cos, sin = _float32_tables(cos, sin)
     qo = q if inplace else torch.empty_like(q, device="meta")
     tokens = q.shape[0] * (1 if paged else q.shape[seq_dim])
     launch = None if not tokens else specialize(q, k, v, qo, k_cache, v_cache, cos, sin, index, positions, paged,
                                                 layout == "interleaved", seq_dim)
-    return _CacheWrite(launch, inplace)
+    return _CacheWrite(launch, inplace, convert)
 
 
 @torch.library.custom_op("posenc::rope_and_cache", mutates_args=("k_cache", "v_cache"))
@@ -236,8 +240,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
     or ``slots`` ``(T,)`` (``paged``, q ``(T, H, D)``).  ``inplace`` rotates q itself; the caller has
     made sure q shares no element with k or v.  Callers validate the arguments and pick this engine.
     """
-    cos, sin = _float32_tables(cos, sin)
     if torch.compiler.is_compiling():
+        cos, sin = _float32_tables(cos, sin)
         interleaved = layout == "interleaved"
         if inplace:
             _rope_and_cache_inplace_op(q, k, v, k_cache, v_cache, cos, sin, index, positions, paged, interleaved,

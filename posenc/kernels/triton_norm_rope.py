@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from posenc.kernels.triton_launch import Launch
-from posenc.kernels.triton_rope import _float32_tables, num_warps, table_row
+from posenc.kernels.triton_rope import _converted, _float32_tables, num_warps, table_row
 
 __all__ = ["prepare", "rms_norm_rope_qk"]
 
@@ -431,12 +431,15 @@ class _NormRotation:
     """The eager QK-norm + rotation of calls with one signature: outputs allocated, one launch (see
     :func:`prepare`)."""
 
-    __slots__ = ("launch", "grad", "spec")
+    __slots__ = ("launch", "grad", "spec", "convert")
 
-    def __init__(self, launch: Launch, grad: bool, spec: tuple):
+    def __init__(self, launch: Launch, grad: bool, spec: tuple, convert: bool):
         self.launch, self.grad, self.spec = launch, grad, spec        # spec: (eps, weight_offset, interleaved, seq_dim)
+        self.convert = convert
 
     def __call__(self, q, k, q_weight, k_weight, cos, sin, positions, offset):
+        if self.convert:
+            cos, sin = _float32_tables(cos, sin)
         if self.grad:
             return _NormAutograd.apply(q, k, q_weight, k_weight, cos, sin, positions, offset, self)
         return self.forward(q, k, q_weight, k_weight, cos, sin, positions, offset)
@@ -474,17 +477,20 @@ class _NormAutograd(torch.autograd.Function):
 def prepare(q, k, q_weight, k_weight, cos, sin, positions, offset: int, eps: float, weight_offset: float,
             layout: str, seq_dim: int) -> _NormRotation:
     """The eager call of :func:`rms_norm_rope_qk` for calls like this one (same shapes, strides, dtypes and
-    settings), specialised once (the tables already float32 with one pair of strides):
+    settings), specialised once (tables that are not float32 with one pair of strides are converted by
+    every call):
     ``rotation(q, k, q_weight, k_weight, cos, sin, positions, offset) -> (q_out, k_out)``, recording
     gradients when autograd records any of q, k and the weights."""
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, q_weight, k_weight))
+    convert = _converted(cos, sin)
+    cos, sin = _float32_tables(cos, sin)
     qo = torch.empty_like(q, device="meta")
     ko = None if k is None else torch.empty_like(k, device="meta")
     interleaved = layout == "interleaved"
     grid, args, meta = forward_args(q, k, q_weight, k_weight, qo, ko, cos, sin, positions, offset, eps,
                                     weight_offset, interleaved, seq_dim)
     launch = Launch(_norm_rope_qk_kernel, grid, args[_FWD_PER_CALL:], meta, _FWD_TENSORS)
-    return _NormRotation(launch, grad, (eps, weight_offset, interleaved, seq_dim))
+    return _NormRotation(launch, grad, (eps, weight_offset, interleaved, seq_dim), convert)
 
 
 # ---- tracing: opaque nodes for torch.compile / torch.export ----------------------------------------------------
@@ -555,8 +561,8 @@ def rms_norm_rope_qk(q: torch.Tensor, k: torch.Tensor | None, q_weight: torch.Te
     token's heads); ``positions`` is ``(S,)``, ``(B, S)`` or None.  Callers validate the arguments
     and pick this engine.
     """
-    cos, sin = _float32_tables(cos, sin)
     if torch.compiler.is_compiling():
+        cos, sin = _float32_tables(cos, sin)
         qo, ko = _norm_rope_op(q, k, q_weight, k_weight, cos, sin, positions, offset, float(eps),
                                float(weight_offset), layout == "interleaved", seq_dim)
         return qo, (ko if k is not None else None)

@@ -208,9 +208,15 @@ def launch(q, k, qo, ko, cos, sin, positions, offset, interleaved: bool, seq_dim
     Launch(_rope_qk_kernel, grid, args[_PER_CALL:], meta, _TENSORS).fallback(args[:_PER_CALL])
 
 
+def _converted(cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether the kernel reads converted copies of these tables (it reads float32 tables with one pair
+    of strides for both); a prepared call converts them on every call then (see :func:`_float32_tables`)."""
+    return cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride()
+
+
 def _float32_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The tables as the kernel reads them: float32, with one pair of strides for both."""
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride() != sin.stride():
+    if _converted(cos, sin):
         return cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
     return cos, sin
 
@@ -225,18 +231,20 @@ def _new_like(x: torch.Tensor, rotary: int) -> torch.Tensor:
 class _Rotation:
     """The eager rotation of calls with one signature: outputs allocated, one launch (see :func:`prepare`)."""
 
-    __slots__ = ("launch", "rotary", "inplace", "packed_batch", "grad", "spec", "layout")
+    __slots__ = ("launch", "rotary", "inplace", "packed_batch", "grad", "spec", "layout", "convert")
 
     def __init__(self, launch: Launch, rotary: int, inplace: bool, packed_batch: bool, grad: bool, layout: str,
-                 seq_dim: int):
+                 seq_dim: int, convert: bool):
         # (recording autograd, an in-place call rotates out of place and copies back: autograd records the copy)
         self.launch, self.rotary, self.inplace, self.packed_batch, self.grad = launch, rotary, inplace, packed_batch, grad
-        self.layout = layout
+        self.layout, self.convert = layout, convert
         self.spec = (layout == "interleaved", seq_dim)      # for the backward pass
 
     def __call__(self, q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
         if cos is None:
             cos, sin = unpack_tables(packed, self.layout)                  # views of RotaryEmbedding's table
+        if self.convert:
+            cos, sin = _float32_tables(cos, sin)
         if not self.grad:
             return self.forward(q, k, cos, sin, positions, offset, cu_seqlens)
         out = _Autograd.apply(q, k, cos, sin, positions, offset, cu_seqlens, self)
@@ -272,13 +280,16 @@ class _Rotation:
 def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool,
             cu_seqlens=None) -> _Rotation:
     """The eager rotation of calls like this one: ``rotation(q, k, cos, sin, positions, offset,
-    cu_seqlens) -> (q_out, k_out)``, specialised once for these shapes, strides and dtypes (the
-    tables already float32 with one pair of strides, see :func:`_float32_tables`).
+    cu_seqlens) -> (q_out, k_out)``, specialised once for these shapes, strides and dtypes (tables
+    that are not float32 with one pair of strides are converted by every call, see
+    :func:`_float32_tables`).
 
     ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; with ``cu_seqlens`` q and k are
     packed ``(T, H, D)`` sequences and ``offset`` an int or a tensor of first positions.  The
     rotation records gradients (one launch forward, one backward) when autograd records q or k."""
     grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    convert = _converted(cos, sin)
+    cos, sin = _float32_tables(cos, sin)
     packed_batch = cu_seqlens is not None
     if packed_batch:
         q, k, seq_dim = q[None], (None if k is None else k[None]), 1
@@ -287,7 +298,7 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
     ko = None if k is None else (k if same else torch.empty_like(k, device="meta"))
     launch = specialize(q, k, qo, ko, cos, sin, positions, offset, layout == "interleaved", seq_dim, False,
                         cu_seqlens)
-    return _Rotation(launch, 2 * cos.shape[-1], inplace, packed_batch, grad, layout, seq_dim)
+    return _Rotation(launch, 2 * cos.shape[-1], inplace, packed_batch, grad, layout, seq_dim, convert)
 
 
 def _owned(g: torch.Tensor | None) -> bool:
@@ -417,7 +428,6 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     """
     if cos is None or sin is None:
         cos, sin = unpack_tables(packed, layout)                           # type: ignore[arg-type]
-    cos, sin = _float32_tables(cos, sin)
     if positions is not None and positions.device != q.device:
         positions = positions.to(q.device)
     if cu_seqlens is not None:
@@ -425,6 +435,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
         if isinstance(offset, torch.Tensor):
             offset = offset.contiguous()
     if torch.compiler.is_compiling():
+        cos, sin = _float32_tables(cos, sin)
         return _traced(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens)
     return prepare(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens)(
         q, k, cos, sin, positions, offset, cu_seqlens)

@@ -338,13 +338,9 @@ class RotaryEmbedding(TableModule):
                 length, unless ``seq_len`` is given).  ``seq_dim`` is not used.
         """
         key = None
-        if (self._plain and seq_len is None and cu_seqlens is None and assume_in_table is UNSET
-                and type(q) is torch.Tensor and type(offset) is int and type(seq_dim) is int
-                and (k is None or type(k) is torch.Tensor) and (positions is None or type(positions) is torch.Tensor)
-                and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
-                and not torch.compiler.is_compiling()):
+        if seq_len is None and cu_seqlens is None and assume_in_table is UNSET:
             # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans)
-            key, table = self._plan_key(q, k, positions, seq_dim, inplace, assume_valid)
+            key, table = self._plan_key(q, k, positions, offset, seq_dim, inplace, assume_valid)
             plan = plans.find(key, q, k, positions, offset, inplace)
             if plan is not None:
                 views = self._factors                            # (the table's own views, made with it)
@@ -378,13 +374,9 @@ class RotaryEmbedding(TableModule):
         ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
         """
         plan_key = None
-        if (self._plain and seq_len is None and assume_in_table is UNSET and type(x) is torch.Tensor
-                and type(offset) is int and type(seq_dim) is int and (key is False or key is True)
-                and (positions is None or type(positions) is torch.Tensor)
-                and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
-                and not torch.compiler.is_compiling()):
+        if seq_len is None and assume_in_table is UNSET and (key is False or key is True):
             # step 0 (``key`` changes nothing without xPos): as forward(x)
-            plan_key, table = self._plan_key(x, None, positions, seq_dim, inplace, assume_valid)
+            plan_key, table = self._plan_key(x, None, positions, offset, seq_dim, inplace, assume_valid)
             plan = plans.find(plan_key, x, None, positions, offset, inplace)
             if plan is not None:
                 return plan.run(x, None, None, None, positions, offset, None, table)[0]
@@ -396,10 +388,16 @@ class RotaryEmbedding(TableModule):
                                                     assume_valid, seq_len)
         return self._rotate(x, None, sd, positions, offset, seq_len, assume_valid, inplace, key, plan_key)[0]
 
-    def _plan_key(self, q, k, positions, seq_dim, inplace, assume_valid) -> tuple[tuple | None, torch.Tensor]:
+    def _plan_key(self, q, k, positions, offset, seq_dim, inplace, assume_valid) -> tuple[tuple | None, torch.Tensor]:
         """The key of a call's plan (:mod:`posenc._torch.plans`: everything its validation and engine
-        decision read) and the table it rotates by."""
+        decision read), None for a call no plan serves (a module whose frequencies depend on the call,
+        an argument of another type than a plan's, tracing), and the table it rotates by."""
         table = cast(torch.Tensor, self._buffers["packed_table"])   # (not through nn.Module.__getattr__)
+        if not (self._plain and type(q) is torch.Tensor and type(offset) is int and type(seq_dim) is int
+                and (k is None or type(k) is torch.Tensor) and (positions is None or type(positions) is torch.Tensor)
+                and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
+                and not torch.compiler.is_compiling()):
+            return None, table
         try:
             # (which tensors require grad matters only while autograd records)
             grad = torch.is_grad_enabled() and (q.requires_grad, k is not None and k.requires_grad)
@@ -472,8 +470,8 @@ class RotaryEmbedding(TableModule):
         rows, positions, rng, why = self._rows(q, positions, offset, length, seq_len, assume, tracing)
         name = choose_engine(self.backend, q, k, sd, why)
         if rows is None:                                                             # the table's rows
-            return rotate(key if self._plain else None, engine("rope_qk", name), q, k, None, None, table, positions,
-                          offset, self.layout, sd, inplace, positions is not None and not assume)
+            return rotate(key, engine("rope_qk", name), q, k, None, None, table, positions, offset, self.layout, sd,
+                          inplace, positions is not None and not assume)
         one_shot = rope_engine(name)
         cos, sin = rows
         if self.xpos_scale_base is None:
