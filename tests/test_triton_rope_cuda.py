@@ -112,3 +112,26 @@ def test_the_backward_rotates_owned_gradients_in_place_and_leaves_the_users_alon
     rq, rk = torch.autograd.grad((qr, kr), (q, k), (gq, gk))
     torch.testing.assert_close(dq, rq, rtol=0, atol=2e-6)
     torch.testing.assert_close(dk, rk, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_cuda_inverse_and_trailing_slice_forward_and_backward(dtype, layout):
+    """DeepSeek-V4's two operations on the compiled kernel: the trailing 64 of 512 features, by theta
+    and by -theta, against the torch engine; the gradient is the opposite rotation."""
+    torch.manual_seed(0)
+    B, S, H, D, rot = 2, 33, 4, 512, 64
+    cos, sin = (t.cuda() for t in R.rope_cos_sin(torch.arange(256), R.rope_inv_freq(rot)[0]))
+    pos = torch.randint(0, 256, (B, S), device="cuda")
+    for inverse in (False, True):
+        q = torch.randn(B, S, H, D, device="cuda", dtype=dtype, requires_grad=True)
+        kw = dict(positions=pos, layout=layout, seq_dim=1, inverse=inverse, rotary_slice="last")
+        out = R.apply_rope_qk(q, None, cos, sin, backend="triton", **kw)[0]
+        ref = R.apply_rope_qk(q.detach(), None, cos, sin, backend="torch", **kw)[0]
+        tol = 2e-6 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out, ref, rtol=0, atol=tol)
+        assert torch.equal(out[..., : D - rot], q.detach()[..., : D - rot])
+        g = torch.randn_like(out)
+        out.backward(g)
+        want = R.apply_rope_qk(g, None, cos, sin, backend="torch", **{**kw, "inverse": not inverse})[0]
+        torch.testing.assert_close(q.grad, want, rtol=0, atol=tol)

@@ -162,6 +162,27 @@ def choose_engine(backend: str, q: torch.Tensor, k: torch.Tensor | None, sd: int
     return resolve_rope_backend(backend, q, why or None)
 
 
+#: Which features of a head rotate: the leading ``d`` (``"first"``, GPT-NeoX, Llama) or the trailing
+#: ``d`` (``"last"``, DeepSeek-V4's latent heads); the others pass through unchanged.
+ROTARY_SLICES = ("first", "last")
+
+
+def check_rotary_slice(rotary_slice: object) -> str:
+    if rotary_slice not in ROTARY_SLICES:
+        _validate.check_choice("rotary_slice", rotary_slice, ROTARY_SLICES)
+    return cast(str, rotary_slice)
+
+
+def trailing(q: torch.Tensor, k: torch.Tensor | None, rotary_dim: int, inplace: bool):
+    """``rotary_slice="last"``: ``(q_view, k_view, q_out, k_out)``, the views holding the trailing
+    ``rotary_dim`` features of ``q_out``/``k_out``, to be rotated in place.  In place those are q and
+    k themselves; out of place, copies of them (the leading features pass through with the copy)."""
+    if not inplace:
+        q = q.clone()
+        k = None if k is None else k.clone()
+    return q[..., q.shape[-1] - rotary_dim:], (None if k is None else k[..., k.shape[-1] - rotary_dim:]), q, k
+
+
 def feed(engine: Callable, q: torch.Tensor, k: torch.Tensor | None, inplace: bool, **rows):
     """Step 4: ``engine(q, k, inplace=..., **rows)``; q and k that share memory (views of one fused
     QKV buffer) are rotated out of place and copied back."""
@@ -173,10 +194,10 @@ def feed(engine: Callable, q: torch.Tensor, k: torch.Tensor | None, inplace: boo
 
 def rotate(key: tuple | None, mod: Any, q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor | None,
            sin: torch.Tensor | None, packed: torch.Tensor | None, positions: torch.Tensor | None, offset: int,
-           layout: str, sd: int, inplace: bool, read_range: bool):
+           layout: str, sd: int, inplace: bool, read_range: bool, inverse: bool = False):
     """Step 4 with the plan: the call of engine module ``mod`` (``posenc.kernels.engine("rope_qk", name)``)
     prepared for this call, kept as the plan of ``key`` (see :mod:`posenc._torch.plans`), then run.  The
-    tables are ``cos``/``sin`` or ``packed``.
+    tables are ``cos``/``sin`` or ``packed``; ``inverse`` rotates by ``-theta``.
 
     ``read_range``: later calls with this key read their positions' range (given, not promised).
     Calls that share memory between q and k in place, or that record autograd in place, run without
@@ -185,15 +206,15 @@ def rotate(key: tuple | None, mod: Any, q: torch.Tensor, k: torch.Tensor | None,
     """
     if torch.compiler.is_compiling():
         return feed(mod.rope_qk, q, k, inplace, cos=cos, sin=sin, packed=packed, positions=positions, offset=offset,
-                    layout=layout, seq_dim=sd)
+                    layout=layout, seq_dim=sd, inverse=inverse)
     if inplace:
         if inplace_pair_overlaps(q, k):                 # views of one buffer: out of place, then copied back
             qr, kr = mod.rope_qk(q, k, cos=cos, sin=sin, packed=packed, positions=positions, offset=offset,
-                                 layout=layout, seq_dim=sd, inplace=False)
+                                 layout=layout, seq_dim=sd, inplace=False, inverse=inverse)
             return q.copy_(qr), k.copy_(kr)             # type: ignore[union-attr]
         if torch.is_grad_enabled() and (q.requires_grad or k is not None and k.requires_grad):
             key = None                                  # (autograd records an in-place call: checked each time)
     cv, sv = (cos, sin) if cos is not None and sin is not None else mod.unpack_tables(packed, layout)
-    run = mod.prepare(q, k, cv, sv, positions, offset, layout, sd, inplace)
+    run = mod.prepare(q, k, cv, sv, positions, offset, layout, sd, inplace, None, inverse)
     plans.put(key, plans.Plan(run, cv.shape[0], q.shape[sd], read_range))
     return run(q, k, cos, sin, positions, offset, None, packed)

@@ -39,11 +39,13 @@ from posenc._torch.checks import (
     check_inplace,
     check_position_range,
     check_positions,
+    check_qk,
     check_same_device,
 )
 from posenc._torch.rope_call import (
     check_call,
     check_flags,
+    check_rotary_slice,
     check_table_options,
     choose_engine,
     feed,
@@ -51,6 +53,7 @@ from posenc._torch.rope_call import (
     rotate,
     table_positions_ok,
     table_rotary_dim,
+    trailing,
 )
 from posenc._torch.rows import guard_in_table, out_of_table
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
@@ -351,6 +354,8 @@ def apply_rope_qk(
     backend: str = "auto",
     assume_valid: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    inverse: bool = False,
+    rotary_slice: str = "first",
     assume_in_table: bool = UNSET,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate queries and keys together from ``(P, d/2)`` cos/sin tables.
@@ -386,6 +391,13 @@ def apply_rope_qk(
             ``cu_seqlens`` ``(N + 1,)`` (int32/int64) their cumulative lengths ``[0, ..., T]``.
             Positions restart at ``offset`` in every sequence, so the result equals rotating
             each sequence alone.  The Triton kernel finds each token's sequence itself.
+        inverse: rotate by ``-theta`` instead of ``theta``: the transpose (and inverse) of the
+            rotation, exact to the last bit (the sines are negated; nothing else changes).  Undoes a
+            rotation, as DeepSeek-V4 does to its attention output, whose values are rotated keys.
+        rotary_slice: which ``d`` features of each head rotate: ``"first"`` (the leading ones, as
+            GPT-NeoX and Llama) or ``"last"`` (the trailing ones, as DeepSeek-V4's latent heads);
+            the other ``D - d`` features pass through unchanged.  Out of place, ``"last"`` copies q
+            and k once and rotates the trailing features of the copies in place.
 
     Raises:
         TypeError: non-tensor or non-floating q/k/cos/sin, non-integer positions.
@@ -406,12 +418,15 @@ def apply_rope_qk(
         >>> torch.equal(packed[3:], alone[0])
         True
     """
+    if rotary_slice != "first":
+        return _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, backend, assume_valid,
+                                cu_seqlens, inverse, rotary_slice, assume_in_table)
     key = None
     if (cu_seqlens is None and assume_in_table is UNSET and type(q) is torch.Tensor and type(cos) is torch.Tensor
             and type(sin) is torch.Tensor and type(offset) is int and type(seq_dim) is int
             and (k is None or type(k) is torch.Tensor) and (positions is None or type(positions) is torch.Tensor)
             and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
-            and not torch.compiler.is_compiling()):
+            and (inverse is False or inverse is True) and not torch.compiler.is_compiling()):
         # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans)
         try:
             # (which tensors require grad matters only while autograd records)
@@ -422,7 +437,7 @@ def apply_rope_qk(
                    cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   layout, seq_dim, inplace, backend, assume_valid, grad)
+                   layout, seq_dim, inplace, backend, assume_valid, inverse, grad)
         except RuntimeError:                                            # (sparse tensors have no strides)
             key = None
         plan = plans.find(key, q, k, positions, offset, inplace)
@@ -430,19 +445,36 @@ def apply_rope_qk(
             return plan.run(q, k, cos, sin, positions, offset)
     if assume_in_table is not UNSET:
         assume_valid = promise("apply_rope_qk", assume_in_table, assume_valid)
+    if type(inverse) is not bool:
+        _validate.check_bool("inverse", inverse)
     if cu_seqlens is not None:
         return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_valid,
-                                  cu_seqlens)
+                                  cu_seqlens, inverse)
     sd, positions, offset, _ = check_call(q, k, seq_dim, table_rotary_dim(cos, sin), positions, offset, inplace,
                                           assume_valid)
     check_table_options(q, cos, sin, layout, backend)
     positions = table_positions_ok(positions, offset, q.shape[sd], cos.shape[0], assume_valid)
     read_range = positions is not None and not assume_valid and q.shape[sd] > 0
-    return rotate(key, engine("rope_qk", choose_engine(backend, q, k, sd)), q, k, cos, sin, None, positions, offset, layout, sd, inplace,
-                  read_range)
+    return rotate(key, engine("rope_qk", choose_engine(backend, q, k, sd)), q, k, cos, sin, None, positions, offset,
+                  layout, sd, inplace, read_range, inverse)
 
 
-def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens):
+def _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, backend, assume_valid, cu_seqlens,
+                     inverse, rotary_slice, assume_in_table):
+    """:func:`apply_rope_qk` with ``rotary_slice="last"``: the trailing features' views rotated in place
+    by the ``"first"`` call (which validates everything else and keeps its plan)."""
+    check_rotary_slice(rotary_slice)
+    d = table_rotary_dim(cos, sin)
+    check_qk(q, k, seq_dim if cu_seqlens is None else 0, d)
+    _validate.check_bool("inplace", inplace)
+    qv, kv, qo, ko = trailing(q, k, d, inplace)
+    apply_rope_qk(qv, kv, cos, sin, positions=positions, offset=offset, layout=layout, seq_dim=seq_dim, inplace=True,
+                  backend=backend, assume_valid=assume_valid, cu_seqlens=cu_seqlens, inverse=inverse,
+                  assume_in_table=assume_in_table)
+    return qo, ko
+
+
+def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens, inverse):
     """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``."""
     cu_seqlens, offset = check_varlen_call(q, k, table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
     check_table_options(q, cos, sin, layout, backend)
@@ -461,4 +493,4 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
         why = kernel_limits(q[None], 1) or (None if k is None else kernel_limits(k[None], 1))
     engine = rope_engine(choose_engine(backend, q, k, None, why or ""))
     return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0,
-                cu_seqlens=cu_seqlens)
+                cu_seqlens=cu_seqlens, inverse=inverse)

@@ -283,8 +283,8 @@ def unpack_tables(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, torc
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None, sin: torch.Tensor | None,
             positions: torch.Tensor | None, offset: int | torch.Tensor, layout: str, seq_dim: int, inplace: bool,
-            packed: torch.Tensor | None = None,
-            cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            packed: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+            inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate q and k by the rows of ``(P, h)`` tables for ``positions`` or ``offset + arange(S)``.
 
     The engine interface of :mod:`posenc.kernels`.  The tables are ``cos``/``sin`` (views of any
@@ -293,15 +293,18 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     is the non-negative sequence axis of q and k; positions lie inside the tables (the caller checked
     or guarded them; the lookup is bounds-checked as well).  With ``cu_seqlens``, q and k are packed
     ``(T, H, D)`` sequences whose positions restart at ``offset`` (an int, or a tensor with one first
-    position per sequence).
+    position per sequence).  ``inverse`` rotates by ``-theta`` (the transpose): the sine rows are
+    negated, which is exact, so the result is the transpose to the last bit.
     """
+    if inverse and packed is not None:
+        cos, sin, packed = *unpack_tables(packed, layout), None             # (the negated rows are built below)
     if cu_seqlens is not None:
         pos = varlen_positions(cu_seqlens, q.shape[0], offset)[None]      # (1, T)
         if torch.compiler.is_compiling():
             # (the caller asserted the range; a gather failing inside a compiled CPU loop would abort)
             pos = pos.clamp(0, (cos if cos is not None else packed).shape[0] - 1)   # type: ignore[union-attr]
         qo, ko = rope_qk(q[None], None if k is None else k[None], cos=cos, sin=sin, positions=pos, offset=0,
-                         layout=layout, seq_dim=1, inplace=inplace, packed=packed)   # (1, T, H, D)
+                         layout=layout, seq_dim=1, inplace=inplace, packed=packed, inverse=inverse)   # (1, T, H, D)
         if inplace:
             return q, k
         return qo[0], (None if ko is None else ko[0])
@@ -316,13 +319,15 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
         if packed is not None:
             rows = table_rows(packed, positions, offset, seq_len)          # (S, 4h | 2h) or (B, S, ...)
         else:
-            rows = pack_tables(table_rows(cos, positions, offset, seq_len), table_rows(sin, positions, offset, seq_len),
-                               layout)
+            s_rows = table_rows(sin, positions, offset, seq_len)
+            rows = pack_tables(table_rows(cos, positions, offset, seq_len), -s_rows if inverse else s_rows, layout)
         if rows.dim() != 2 or seq_dim != nd - 2:
             rows = broadcast_rows(rows, nd, seq_dim)
         return _rotate_small_qk(q, k, _float32(rows), h, layout, inplace, seq_dim)
     c = table_rows(cos, positions, offset, seq_len)
     s = table_rows(sin, positions, offset, seq_len)
+    if inverse:
+        s = -s
     if c.dim() != 2 or seq_dim != nd - 2:
         c, s = broadcast_rows(c, nd, seq_dim), broadcast_rows(s, nd, seq_dim)
     return _rotate_pair(q, k, c, s, layout, inplace, seq_dim)
@@ -332,20 +337,22 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
 _NARROW = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half}
 
 
-def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool, cu_seqlens=None):
+def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool, cu_seqlens=None,
+            inverse: bool = False):
     """The eager call of :func:`rope_qk` for calls like this one: ``rotation(q, k, cos, sin, positions,
     offset, cu_seqlens=None, packed=None) -> (q_out, k_out)``.
 
-    A decode step (small q and k, out of place, at an offset, no autograd) gets a rotation with its
-    path decided here: one lookup of the rows (in their packed form when ``packed`` is passed), then
-    the small path's few calls; any other call takes :func:`rope_qk`, which picks its path by size.
+    A decode step (small q and k, out of place, at an offset, no autograd, not inverse) gets a
+    rotation with its path decided here: one lookup of the rows (in their packed form when ``packed``
+    is passed), then the small path's few calls; any other call takes :func:`rope_qk`, which picks
+    its path by size.
     """
     h, S, nd = cos.shape[-1], q.shape[seq_dim], q.dim()
-    if (positions is not None or cu_seqlens is not None or inplace or _needs_reference(q, k, cos, sin)
+    if (positions is not None or cu_seqlens is not None or inplace or inverse or _needs_reference(q, k, cos, sin)
             or not _small(q, k)):
         def rotation(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
             return rope_qk(q, k, cos=cos, sin=sin, positions=positions, offset=offset, layout=layout, seq_dim=seq_dim,
-                           inplace=inplace, packed=packed, cu_seqlens=cu_seqlens)
+                           inplace=inplace, packed=packed, cu_seqlens=cu_seqlens, inverse=inverse)
         return rotation
     # rows (S, W) against x: as they are for (..., S, D), else (S, 1, W); one row broadcasts as (W,)
     shape = None if seq_dim == nd - 2 or S == 1 else broadcast_rows(cos.new_empty(S, 1, device="meta"), nd,

@@ -234,11 +234,11 @@ class _Rotation:
     __slots__ = ("launch", "rotary", "inplace", "packed_batch", "grad", "spec", "layout", "convert")
 
     def __init__(self, launch: Launch, rotary: int, inplace: bool, packed_batch: bool, grad: bool, layout: str,
-                 seq_dim: int, convert: bool):
+                 seq_dim: int, convert: bool, inverse: bool):
         # (recording autograd, an in-place call rotates out of place and copies back: autograd records the copy)
         self.launch, self.rotary, self.inplace, self.packed_batch, self.grad = launch, rotary, inplace, packed_batch, grad
         self.layout, self.convert = layout, convert
-        self.spec = (layout == "interleaved", seq_dim)      # for the backward pass
+        self.spec = (layout == "interleaved", seq_dim, inverse)      # for the backward pass
 
     def __call__(self, q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
         if cos is None:
@@ -278,15 +278,16 @@ class _Rotation:
 
 
 def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool,
-            cu_seqlens=None) -> _Rotation:
+            cu_seqlens=None, inverse: bool = False) -> _Rotation:
     """The eager rotation of calls like this one: ``rotation(q, k, cos, sin, positions, offset,
     cu_seqlens) -> (q_out, k_out)``, specialised once for these shapes, strides and dtypes (tables
     that are not float32 with one pair of strides are converted by every call, see
     :func:`_float32_tables`).
 
     ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for ``(B, S, H, D)``; with ``cu_seqlens`` q and k are
-    packed ``(T, H, D)`` sequences and ``offset`` an int or a tensor of first positions.  The
-    rotation records gradients (one launch forward, one backward) when autograd records q or k."""
+    packed ``(T, H, D)`` sequences and ``offset`` an int or a tensor of first positions; ``inverse``
+    rotates by ``-theta``.  The rotation records gradients (one launch forward, one backward) when
+    autograd records q or k."""
     grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     convert = _converted(cos, sin)
     cos, sin = _float32_tables(cos, sin)
@@ -296,9 +297,9 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
     same = inplace and not grad                                            # (see _Rotation)
     qo = q if same else torch.empty_like(q, device="meta")
     ko = None if k is None else (k if same else torch.empty_like(k, device="meta"))
-    launch = specialize(q, k, qo, ko, cos, sin, positions, offset, layout == "interleaved", seq_dim, False,
+    launch = specialize(q, k, qo, ko, cos, sin, positions, offset, layout == "interleaved", seq_dim, inverse,
                         cu_seqlens)
-    return _Rotation(launch, 2 * cos.shape[-1], inplace, packed_batch, grad, layout, seq_dim, convert)
+    return _Rotation(launch, 2 * cos.shape[-1], inplace, packed_batch, grad, layout, seq_dim, convert, inverse)
 
 
 def _owned(g: torch.Tensor | None) -> bool:
@@ -316,14 +317,15 @@ def _owned(g: torch.Tensor | None) -> bool:
 
 
 def _rotate_back(grad_q, grad_k, cos, sin, positions, offset, cu_seqlens, interleaved: bool, seq_dim: int,
-                 rotary: int):
-    """``R^T`` of the gradients (the rotation by ``-theta``) in one launch, read through their strides."""
+                 rotary: int, conj: bool):
+    """``R^T`` of the gradients (the rotation by ``-theta``, or by ``theta`` when the forward pass was the
+    inverse rotation: ``conj``) in one launch, read through their strides."""
     gq, gk = grad_q, grad_k
     if cu_seqlens is not None:
         gq, gk = gq[None], (None if gk is None else gk[None])
     dq = gq if _owned(grad_q) else _new_like(gq, rotary)
     dk = None if gk is None else (gk if _owned(grad_k) else _new_like(gk, rotary))
-    launch(gq, gk, dq, dk, cos, sin, positions, offset, interleaved, seq_dim, True, cu_seqlens)
+    launch(gq, gk, dq, dk, cos, sin, positions, offset, interleaved, seq_dim, conj, cu_seqlens)
     if cu_seqlens is not None:
         return dq[0], (None if dk is None else dk[0])
     return dq, dk
@@ -346,10 +348,10 @@ class _Autograd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_q, grad_k=None):
         cos, sin, positions, seq_offsets, cu_seqlens = ctx.saved_tensors
-        interleaved, seq_dim = ctx.rotation.spec
+        interleaved, seq_dim, inverse = ctx.rotation.spec
         offset = seq_offsets if seq_offsets is not None else ctx.first
         dq, dk = _rotate_back(grad_q, grad_k, cos, sin, positions, offset, cu_seqlens, interleaved, seq_dim,
-                              ctx.rotation.rotary)
+                              ctx.rotation.rotary, not inverse)
         return dq, dk, None, None, None, None, None, None
 
 
@@ -395,16 +397,16 @@ def _backward(ctx, grad_q, grad_k):
 _rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _traced(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool, cu_seqlens):
+def _traced(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplace: bool, cu_seqlens, inverse: bool):
     """The rotation while tracing: the custom op (out of place, then copied back for ``inplace``)."""
     interleaved = layout == "interleaved"
     if cu_seqlens is not None:                                             # (T, H, D) -> (1, T, H, D)
         seq_offsets, first = (offset, 0) if isinstance(offset, torch.Tensor) else (None, offset)
-        qo, ko = _rope_qk_op(q[None], None if k is None else k[None], cos, sin, None, first, interleaved, 1, False,
+        qo, ko = _rope_qk_op(q[None], None if k is None else k[None], cos, sin, None, first, interleaved, 1, inverse,
                              cu_seqlens, seq_offsets)
         qo, ko = qo[0], (ko[0] if k is not None else None)
     else:
-        qo, ko = _rope_qk_op(q, k, cos, sin, positions, offset, interleaved, seq_dim, False)
+        qo, ko = _rope_qk_op(q, k, cos, sin, positions, offset, interleaved, seq_dim, inverse)
         ko = ko if k is not None else None
     if inplace:
         q.copy_(qo)
@@ -416,9 +418,10 @@ def _traced(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None, sin: torch.Tensor | None,
             positions: torch.Tensor | None, offset: int | torch.Tensor, layout: str, seq_dim: int, inplace: bool,
-            packed: torch.Tensor | None = None,
-            cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rotate q and k by the rows of ``(P, d/2)`` tables for ``positions`` or ``offset + arange(S)``.
+            packed: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+            inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotate q and k by the rows of ``(P, d/2)`` tables for ``positions`` or ``offset + arange(S)``
+    (by ``-theta`` with ``inverse``: the kernel's ``CONJ`` setting).
 
     The engine interface of :mod:`posenc.kernels`: the tables are ``cos``/``sin``, or views of
     ``packed`` (:func:`~posenc.kernels.torch_rope.pack_tables`), read through their strides.  ``seq_dim`` is 2 for ``(B, H, S, D)`` or 1 for
@@ -436,6 +439,6 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
             offset = offset.contiguous()
     if torch.compiler.is_compiling():
         cos, sin = _float32_tables(cos, sin)
-        return _traced(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens)
-    return prepare(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens)(
+        return _traced(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens, inverse)
+    return prepare(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, cu_seqlens, inverse)(
         q, k, cos, sin, positions, offset, cu_seqlens)

@@ -19,7 +19,17 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
 )
-from posenc._torch.rope_call import check_call, check_flags, check_head_dim, choose_engine, feed, promise, rotate
+from posenc._torch.rope_call import (
+    check_call,
+    check_flags,
+    check_head_dim,
+    check_rotary_slice,
+    choose_engine,
+    feed,
+    promise,
+    rotate,
+    trailing,
+)
 from posenc._torch.rows import clamp_in_table, position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
 from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_range
@@ -100,6 +110,9 @@ class RotaryEmbedding(TableModule):
             case is supported: no xPos, positions inside the table, the table's frequencies; else
             the torch engine), ``"torch"`` (never the kernel) or ``"triton"`` (raises when the
             kernel cannot take a call).  Decided once per call, reading nothing from the device.
+        rotary_slice: which ``dim`` features of a head rotate when the head is wider: ``"first"``
+            (the leading ones: GPT-NeoX, Llama) or ``"last"`` (the trailing ones: DeepSeek-V4's
+            latent heads); the others pass through unchanged.
         device: device of the tables.
 
     Shape:
@@ -140,11 +153,13 @@ class RotaryEmbedding(TableModule):
         scaling: core_rope.RopeScaling | None = None,
         xpos_scale_base: float | None = None,
         backend: str = "auto",
+        rotary_slice: str = "first",
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
         self.backend = check_rope_backend(backend)
+        self.rotary_slice = check_rotary_slice(rotary_slice)
         # validates scaling and base too
         freqs = core_rope.frequencies(self.dim, self.base, scaling, None)
         self.scaling = scaling
@@ -161,7 +176,7 @@ class RotaryEmbedding(TableModule):
         # the table's frequencies serve every call (no length-dependent rule, no xPos scales)
         self._plain = not self._length_dependent and self.xpos_scale_base is None
         # what a call's plan depends on of this module (posenc._torch.plans; its table is passed per call)
-        self._signature = (self.dim, self.max_seq_len, self.layout, self.backend)
+        self._signature = (self.dim, self.max_seq_len, self.layout, self.backend, self.rotary_slice)
         h = self.dim // 2
         # float64 where the device has it; on a device without float64 (Apple's MPS) float32, and the
         # angles come from the float32 digits below (tables are then built on the host)
@@ -311,6 +326,7 @@ class RotaryEmbedding(TableModule):
         seq_len: int | None = None,
         assume_valid: bool = False,
         cu_seqlens: torch.Tensor | None = None,
+        inverse: bool = False,
         assume_in_table: bool = UNSET,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate ``q`` and ``k`` (``k`` may be None); returns ``(q_rotated, k_rotated)``.
@@ -336,11 +352,19 @@ class RotaryEmbedding(TableModule):
                 the tokens already cached per sequence), so the result equals rotating each
                 sequence alone, length-dependent rules included (each sequence with its own
                 length, unless ``seq_len`` is given).  ``seq_dim`` is not used.
+            inverse: rotate by ``-theta``: the transpose of the rotation (xPos scales included),
+                which undoes it exactly (DeepSeek-V4 rotates its attention output back this way).
         """
+        if self._last(q, inplace):                 # the trailing features' views, rotated in place
+            qv, kv, qo, ko = trailing(q, k, self.dim, inplace)
+            self.forward(qv, kv, positions=positions, offset=offset, seq_dim=seq_dim, inplace=True, seq_len=seq_len,
+                         assume_valid=assume_valid, cu_seqlens=cu_seqlens, inverse=inverse,
+                         assume_in_table=assume_in_table)
+            return qo, ko
         key = None
         if seq_len is None and cu_seqlens is None and assume_in_table is UNSET:
             # step 0: a call with the signature of one validated before runs its plan (posenc._torch.plans)
-            key, table = self._plan_key(q, k, positions, offset, seq_dim, inplace, assume_valid)
+            key, table = self._plan_key(q, k, positions, offset, seq_dim, inplace, assume_valid, inverse)
             plan = plans.find(key, q, k, positions, offset, inplace)
             if plan is not None:
                 views = self._factors                            # (the table's own views, made with it)
@@ -348,11 +372,13 @@ class RotaryEmbedding(TableModule):
                                 views[1] if views[0] is table else None)
         if assume_in_table is not UNSET:
             assume_valid = promise("RotaryEmbedding", assume_in_table, assume_valid)
+        if type(inverse) is not bool:
+            _validate.check_bool("inverse", inverse)
         if cu_seqlens is not None:
-            return self._forward_varlen(q, k, positions, offset, seq_len, assume_valid, inplace, cu_seqlens)
+            return self._forward_varlen(q, k, positions, offset, seq_len, assume_valid, inplace, cu_seqlens, inverse)
         sd, positions, offset, seq_len = check_call(q, k, seq_dim, self.dim, positions, offset, inplace,
                                                     assume_valid, seq_len)
-        return self._rotate(q, k, sd, positions, offset, seq_len, assume_valid, inplace, False, key)
+        return self._rotate(q, k, sd, positions, offset, seq_len, assume_valid, inplace, False, key, inverse)
 
     def rotate(
         self,
@@ -365,18 +391,25 @@ class RotaryEmbedding(TableModule):
         inplace: bool = False,
         seq_len: int | None = None,
         assume_valid: bool = False,
+        inverse: bool = False,
         assume_in_table: bool = UNSET,
     ) -> torch.Tensor:
         """Rotate one tensor of queries (``key=False``) or keys (``key=True``) on its own positions.
 
         ``forward(q, k)`` is ``rotate(q)`` and ``rotate(k, key=True)`` with shared positions; call
         this directly when queries and keys sit at different positions (a query after cached keys).
-        ``key`` matters only for xPos, whose key scale is the inverse of the query scale.
+        ``key`` matters only for xPos, whose key scale is the inverse of the query scale;
+        ``inverse`` rotates by ``-theta`` (see :meth:`forward`).
         """
+        if self._last(x, inplace):                 # the trailing features' view, rotated in place
+            xv, _, xo, _ = trailing(x, None, self.dim, inplace)
+            self.rotate(xv, positions=positions, offset=offset, key=key, seq_dim=seq_dim, inplace=True,
+                        seq_len=seq_len, assume_valid=assume_valid, inverse=inverse, assume_in_table=assume_in_table)
+            return xo
         plan_key = None
         if seq_len is None and assume_in_table is UNSET and (key is False or key is True):
             # step 0 (``key`` changes nothing without xPos): as forward(x)
-            plan_key, table = self._plan_key(x, None, positions, offset, seq_dim, inplace, assume_valid)
+            plan_key, table = self._plan_key(x, None, positions, offset, seq_dim, inplace, assume_valid, inverse)
             plan = plans.find(plan_key, x, None, positions, offset, inplace)
             if plan is not None:
                 return plan.run(x, None, None, None, positions, offset, None, table)[0]
@@ -384,11 +417,22 @@ class RotaryEmbedding(TableModule):
             assume_valid = promise("RotaryEmbedding.rotate", assume_in_table, assume_valid)
         if type(key) is not bool:
             _validate.check_bool("key", key)
+        if type(inverse) is not bool:
+            _validate.check_bool("inverse", inverse)
         sd, positions, offset, seq_len = check_call(x, None, seq_dim, self.dim, positions, offset, inplace,
                                                     assume_valid, seq_len)
-        return self._rotate(x, None, sd, positions, offset, seq_len, assume_valid, inplace, key, plan_key)[0]
+        return self._rotate(x, None, sd, positions, offset, seq_len, assume_valid, inplace, key, plan_key, inverse)[0]
 
-    def _plan_key(self, q, k, positions, offset, seq_dim, inplace, assume_valid) -> tuple[tuple | None, torch.Tensor]:
+    def _last(self, q: object, inplace: object) -> bool:
+        """Whether a call rotates the trailing features of wider heads (``rotary_slice="last"``): then
+        it rotates views of them in place (``inplace`` checked here, the rest by that call)."""
+        if self.rotary_slice == "first" or not isinstance(q, torch.Tensor) or not q.dim() or q.shape[-1] <= self.dim:
+            return False
+        _validate.check_bool("inplace", inplace)
+        return True
+
+    def _plan_key(self, q, k, positions, offset, seq_dim, inplace, assume_valid,
+                  inverse=False) -> tuple[tuple | None, torch.Tensor]:
         """The key of a call's plan (:mod:`posenc._torch.plans`: everything its validation and engine
         decision read), None for a call no plan serves (a module whose frequencies depend on the call,
         an argument of another type than a plan's, tracing), and the table it rotates by."""
@@ -396,7 +440,7 @@ class RotaryEmbedding(TableModule):
         if not (self._plain and type(q) is torch.Tensor and type(offset) is int and type(seq_dim) is int
                 and (k is None or type(k) is torch.Tensor) and (positions is None or type(positions) is torch.Tensor)
                 and (inplace is False or inplace is True) and (assume_valid is False or assume_valid is True)
-                and not torch.compiler.is_compiling()):
+                and (inverse is False or inverse is True) and not torch.compiler.is_compiling()):
             return None, table
         try:
             # (which tensors require grad matters only while autograd records)
@@ -405,12 +449,12 @@ class RotaryEmbedding(TableModule):
                    None if k is None else (k.shape, k.stride(), k.dtype, k.device),
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   seq_dim, inplace, assume_valid, grad)
+                   seq_dim, inplace, assume_valid, inverse, grad)
         except RuntimeError:                                         # (sparse tensors have no strides)
             return None, table
         return key, table
 
-    def _forward_varlen(self, q, k, positions, offset, seq_len, assume, inplace, cu_seqlens):
+    def _forward_varlen(self, q, k, positions, offset, seq_len, assume, inplace, cu_seqlens, inverse):
         """:meth:`forward` on a packed ``(T, H, D)`` batch: positions from ``cu_seqlens``, checked
         and ranged in one device read, then one rotation of the whole batch."""
         cu_seqlens, offset = check_varlen_call(q, k, self.dim, positions, cu_seqlens, offset)
@@ -419,17 +463,17 @@ class RotaryEmbedding(TableModule):
             seq_len = check_seq_len(seq_len)
         if seq_len is None and self._length_dependent:
             # each sequence alone has its own length, hence its own frequencies: one call per sequence
-            return self._rotate_each(q, k, offset, assume, inplace, cu_seqlens)
+            return self._rotate_each(q, k, offset, assume, inplace, cu_seqlens, inverse)
         rng = None if assume or torch.compiler.is_compiling() else varlen_range(cu_seqlens, q.shape[0], offset)
         in_table = assume or (rng is not None and self._in_table(rng))
         pos = varlen_positions(cu_seqlens, q.shape[0], offset)[None]                 # (1, T)
         qo, ko = self._rotate(q[None], None if k is None else k[None], 1, pos, 0, seq_len, in_table, inplace,
-                              False)                                                 # (1, T, H, D)
+                              False, None, inverse)                                  # (1, T, H, D)
         if inplace:
             return q, k
         return qo[0], (None if ko is None else ko[0])
 
-    def _rotate_each(self, q, k, offset, assume, inplace, cu_seqlens):
+    def _rotate_each(self, q, k, offset, assume, inplace, cu_seqlens, inverse):
         """Rotate every sequence of a packed batch alone (lengths read from the device once)."""
         if not assume:
             varlen_range(cu_seqlens, q.shape[0], offset)                             # checks cu_seqlens
@@ -440,7 +484,7 @@ class RotaryEmbedding(TableModule):
             if a == b:
                 continue
             qi, ki = self._rotate(q[a:b][None], None if k is None else k[a:b][None], 1, None, start, None,
-                                  assume, inplace, False)                            # (1, len, H, D)
+                                  assume, inplace, False, None, inverse)             # (1, len, H, D)
             outs_q.append(qi[0])
             outs_k.append(None if ki is None else ki[0])
         if inplace:
@@ -451,9 +495,14 @@ class RotaryEmbedding(TableModule):
 
     # ---- steps 2-4 for checked arguments: table or exact, the engine, the rotation ----------------
 
-    def _rotate(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key, key=None):
-        """Rotate checked ``q``/``k`` (sequence axis ``sd``) at ``positions`` or ``offset + arange(S)``;
-        a rotation by the table's rows leaves its plan for ``key`` (see :mod:`posenc._torch.plans`)."""
+    def _rotate(self, q, k, sd, positions, offset, seq_len, assume, inplace, q_is_key, key=None, inverse=False):
+        """Rotate checked ``q``/``k`` (sequence axis ``sd``) at ``positions`` or ``offset + arange(S)``
+        (by ``-theta`` with ``inverse``); a rotation by the table's rows leaves its plan for ``key`` (see
+        :mod:`posenc._torch.plans`)."""
+        if self.rotary_slice == "last" and q.shape[-1] > self.dim:        # (internal callers: posenc.attention)
+            qv, kv, qo, ko = trailing(q, k, self.dim, inplace)
+            self._rotate(qv, kv, sd, positions, offset, seq_len, assume, True, q_is_key, None, inverse)
+            return qo, ko
         table = self._buffers["packed_table"]                  # (not through nn.Module.__getattr__: per-step cost)
         if q.device != table.device:
             check_same_device("q", q, "the tables", table.device)
@@ -466,23 +515,24 @@ class RotaryEmbedding(TableModule):
                     and offset + length <= self.max_seq_len):
                 # the decode step: table rows at a host-known offset, nothing else to decide
                 mod = engine("rope_qk", choose_engine(self.backend, q, k, sd))
-                return rotate(key, mod, q, k, None, None, table, None, offset, self.layout, sd, inplace, False)
+                return rotate(key, mod, q, k, None, None, table, None, offset, self.layout, sd, inplace, False,
+                              inverse)
         rows, positions, rng, why = self._rows(q, positions, offset, length, seq_len, assume, tracing)
         name = choose_engine(self.backend, q, k, sd, why)
         if rows is None:                                                             # the table's rows
             return rotate(key, engine("rope_qk", name), q, k, None, None, table, positions, offset, self.layout, sd,
-                          inplace, positions is not None and not assume)
+                          inplace, positions is not None and not assume, inverse)
         one_shot = rope_engine(name)
         cos, sin = rows
         if self.xpos_scale_base is None:
-            return self._feed_rows(one_shot, q, k, sd, positions, cos, sin, inplace)
+            return self._feed_rows(one_shot, q, k, sd, positions, cos, sin, inplace, inverse)
         scale = self._xpos_scale(positions, rng)                                     # float64, like cos
         outs = []
         for t, is_key in ((q, q_is_key), (k, True)):
             if t is not None:
                 sc = 1.0 / scale if is_key else scale
                 c, s = (cos * sc).to(cos.dtype), (sin * sc).to(sin.dtype)
-                t = self._feed_rows(one_shot, t, None, sd, positions, c, s, inplace)[0]
+                t = self._feed_rows(one_shot, t, None, sd, positions, c, s, inplace, inverse)[0]
             outs.append(t)
         return outs[0], outs[1]
 
@@ -533,14 +583,14 @@ class RotaryEmbedding(TableModule):
                 self.backend == "auto") else None
         return rows, positions, rng, why
 
-    def _feed_rows(self, engine, q, k, sd, positions, cos, sin, inplace):
+    def _feed_rows(self, engine, q, k, sd, positions, cos, sin, inplace, inverse=False):
         """Rotate by rows computed for this call: ``(S, h)``, or ``(B, S, h)`` read as a table."""
         if cos.dim() == 2:
             return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout,
-                        seq_dim=sd)
+                        seq_dim=sd, inverse=inverse)
         index = torch.arange(positions.numel(), device=cos.device).view(positions.shape)     # (B, S)
         return feed(engine, q, k, inplace, cos=cos.flatten(0, 1), sin=sin.flatten(0, 1), positions=index, offset=0,
-                    layout=self.layout, seq_dim=sd)
+                    layout=self.layout, seq_dim=sd, inverse=inverse)
 
     # ---- what posenc.attention asks of an encoding ------------------------------------------------
 
@@ -679,4 +729,6 @@ class RotaryEmbedding(TableModule):
             parts.append(f"scaling={self.scaling!r}")
         if self.xpos_scale_base is not None:
             parts.append(f"xpos_scale_base={self.xpos_scale_base:g}")
+        if self.rotary_slice != "first":
+            parts.append(f"rotary_slice={self.rotary_slice!r}")
         return ", ".join(parts)
