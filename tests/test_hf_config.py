@@ -349,9 +349,50 @@ def test_phimoe_short_and_long_mscale_set_the_attention_factor():
     torch.testing.assert_close(ours_sin, sin[0, :, :32], rtol=0, atol=atol)
 
 
+def test_phimoe_attention_factor_switches_with_the_length():
+    """Phi-3.5-MoE's own values (short_mscale 1.05, long_mscale 1.243163121016122; factor lists made up):
+    within the original context cos/sin carry short_mscale, past it long_mscale, as transformers'
+    PhimoeRotaryEmbedding scales them (seq_len = the largest position + 1).  The frequencies switch to
+    the long factors past the original context, as LongRoPE's do (Microsoft's reference code and vLLM);
+    transformers' Phimoe module keeps the short ones, which the angles below show."""
+    import math
+
+    import numpy as np
+    import torch
+    from transformers.models.phimoe.modeling_phimoe import PhimoeRotaryEmbedding
+
+    short_m, long_m = 1.05, 1.243163121016122
+    config = _quiet(transformers.PhimoeConfig, hidden_size=256, num_attention_heads=4, max_position_embeddings=4096,
+                    original_max_position_embeddings=1024,
+                    rope_scaling={"type": "longrope", "short_factor": PHIMOE_SHORT, "long_factor": PHIMOE_LONG,
+                                  "short_mscale": short_m, "long_mscale": long_m,
+                                  "original_max_position_embeddings": 1024})
+    rope = posenc.RotaryEmbedding.from_hf_config(config, max_seq_len=1024)
+    assert rope.scaling.attention_factor_at(1024) == short_m and rope.scaling.attention_factor_at(1025) == long_m
+    rotary = _quiet(PhimoeRotaryEmbedding, config)
+    x = torch.zeros(1, 1, 64)
+    theta = np.array([rope.base ** (-2 * i / 64) for i in range(32)])
+    for positions, m, ext in ((torch.arange(0, 1024, 37), short_m, PHIMOE_SHORT),
+                              (torch.arange(1000, 2000, 37), long_m, PHIMOE_LONG)):
+        cos_t, sin_t = (t[0, :, :32].double() for t in rotary(x, positions[None]))
+        cos, sin = (t.double() for t in rope.cos_sin(positions))                    # seq_len: largest + 1
+        # the attention factor: |(cos, sin)| of every pair, ours and transformers'
+        torch.testing.assert_close(torch.hypot(cos, sin), torch.full_like(cos, m), rtol=0, atol=1e-6)
+        torch.testing.assert_close(torch.hypot(cos_t, sin_t), torch.full_like(cos_t, m), rtol=0, atol=1e-6)
+        # ours: the float64 angles of the factors of this length, times m
+        angle = positions.double().numpy()[:, None] * theta / np.array(ext)
+        torch.testing.assert_close(cos, torch.from_numpy(m * np.cos(angle)), rtol=0, atol=1e-6)
+        torch.testing.assert_close(sin, torch.from_numpy(m * np.sin(angle)), rtol=0, atol=1e-6)
+        if m == short_m:                                              # within the context: transformers' too
+            atol = 1.25 * 1024 * 2.0**-22 * m
+            torch.testing.assert_close(cos, cos_t, rtol=0, atol=atol)
+            torch.testing.assert_close(sin, sin_t, rtol=0, atol=atol)
+    assert math.isclose(rope(torch.ones(1, 1, 1, 64), offset=1500)[0].norm().item(), long_m * 8, rel_tol=1e-6)
+
+
 @pytest.mark.parametrize("params, match", [
-    ({"short_mscale": 1.2, "long_mscale": 1.3}, "posenc's LongRoPE keeps one attention factor"),
     ({"short_mscale": 1.2}, "needs both short_mscale and long_mscale"),
+    ({"long_mscale": 1.2}, "needs both short_mscale and long_mscale"),
 ])
 def test_phimoe_mscales_posenc_cannot_honour_are_refused(params, match):
     config = {"model_type": "phimoe", "head_dim": 8, "max_position_embeddings": 64,

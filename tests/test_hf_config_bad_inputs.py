@@ -70,9 +70,6 @@ for _id, _cfg, _exc, _match in [
     ("mscale-not-phimoe", {**_HF, "model_type": "phi3", "rope_scaling": {
         "type": "longrope", "short_factor": [1] * 4, "long_factor": [2] * 4, "short_mscale": 1.2, "long_mscale": 1.2}},
      ValueError, "short_mscale/long_mscale are read by Phi-3.5-MoE"),
-    ("mscale-differ", {**_HF, "rope_scaling": {
-        "type": "longrope", "short_factor": [1] * 4, "long_factor": [2] * 4, "short_mscale": 1.2, "long_mscale": 1.3}},
-     ValueError, "one attention factor"),
     ("mscale-str", {**_HF, "rope_scaling": {
         "type": "longrope", "short_factor": [1] * 4, "long_factor": [2] * 4, "short_mscale": "1", "long_mscale": 1}},
      TypeError, "short_mscale must be a real number"),
@@ -114,6 +111,10 @@ for _id, _cfg, _want in [
     ("phimoe-mscale", {**_HF, "model_type": "phimoe", "original_max_position_embeddings": 16, "rope_scaling": {
         "type": "longrope", "short_factor": [1] * 4, "long_factor": [2] * 4, "short_mscale": 1.2, "long_mscale": 1.2}},
      (BASE, 8, LongRopeScaling((1.0,) * 4, (2.0,) * 4, 16, factor=2.0, attention_factor_override=1.2))),
+    ("phimoe-mscales-differ", {**_HF, "model_type": "phimoe", "original_max_position_embeddings": 16, "rope_scaling": {
+        "type": "longrope", "short_factor": [1] * 4, "long_factor": [2] * 4, "short_mscale": 1.05, "long_mscale": 1.25}},
+     (BASE, 8, LongRopeScaling((1.0,) * 4, (2.0,) * 4, 16, factor=2.0, attention_factor_override=1.05,
+                               long_attention_factor=1.25))),
     ("phi3-yarn-is-longrope", {**_HF, "model_type": "phi3", "original_max_position_embeddings": 16, "rope_scaling": {
         "type": "yarn", "short_factor": [1] * 4, "long_factor": [2] * 4}},
      (BASE, 8, LongRopeScaling((1.0,) * 4, (2.0,) * 4, 16, factor=2.0))),

@@ -600,3 +600,31 @@ def test_a_model_cast_to_bfloat16_before_patching_is_checked_against_its_float32
         assert err_ours <= 2 ** -8, (err_ours, err_cast)                      # one bfloat16 rounding
         if name != "gptj":                               # (GPT-J's cast table is rounded once too: no worse)
             assert err_cast > 2 ** -8, (err_ours, err_cast)                   # angles from rounded frequencies
+
+
+def test_phimoe_with_its_own_short_and_long_mscale_is_patched_and_equal(caplog):
+    """Phi-3.5-MoE's attention factors (short_mscale 1.05, long_mscale 1.243163121016122) switch past the
+    original context; transformers' Phimoe module keeps its short factors there, and the patch reproduces
+    that module (logits past the original context, and cached greedy steps across it)."""
+    import logging
+
+    h = 8
+    config = transformers.PhimoeConfig(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=2, vocab_size=100, max_position_embeddings=256,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1 + 0.1 * i for i in range(h)],
+                             long_factor=[2 + 0.5 * i for i in range(h)], short_mscale=1.05,
+                             long_mscale=1.243163121016122, original_max_position_embeddings=64))
+    torch.manual_seed(0)
+    model = transformers.PhimoeForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (2, 90))
+    with torch.no_grad():
+        want = model(ids).logits
+        want_steps = model.generate(ids[:, :58], max_new_tokens=12, do_sample=False)
+    with caplog.at_level(logging.INFO, logger="posenc"):
+        patch_model(model)
+    assert is_patched(model)
+    assert "short factors at every length" in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=1e-5)
+        assert torch.equal(model.generate(ids[:, :58], max_new_tokens=12, do_sample=False), want_steps)

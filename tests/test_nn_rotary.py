@@ -270,3 +270,27 @@ def test_forward_within_the_table_never_recomputes_angles(monkeypatch):
     assert len(calls) == 1
     rope(q, k, offset=56)                                    # rows 56..64: past the table, computed once
     assert len(calls) == 2
+
+
+def test_longrope_long_attention_factor_eager_and_compiled():
+    """The attention factor past the original length (Phi-3.5-MoE's long_mscale) applies wherever the
+    long factors do: eager rows computed past the table, and the traced graph's switch on the length."""
+    import numpy as np
+
+    rule = posenc.LongRopeScaling([1.0] * 4, [4.0] * 4, 16, factor=4.0, attention_factor_override=1.05,
+                                  long_attention_factor=1.25)
+    rope = posenc.RotaryEmbedding(8, max_seq_len=64, scaling=rule)
+    theta = np.array([10000.0 ** (-2 * i / 8) for i in range(4)])
+    positions = torch.arange(3)
+    for seq_len, m, ext in ((16, 1.05, 1.0), (40, 1.25, 4.0)):
+        angle = positions.double().numpy()[:, None] * theta / ext
+        cos, sin = rope.cos_sin(positions, seq_len=seq_len)
+        torch.testing.assert_close(cos.double(), torch.from_numpy(m * np.cos(angle)), rtol=0, atol=1e-6)
+        torch.testing.assert_close(sin.double(), torch.from_numpy(m * np.sin(angle)), rtol=0, atol=1e-6)
+    x = torch.ones(1, 1, 20, 8)
+    eager = rope(x)[0]                                               # seq_len 20 > 16: long factors, 1.25
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: rope(t)[0], fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-6)
+    pair = eager[0, 0, :, 0] ** 2 + eager[0, 0, :, 4] ** 2         # |R x|^2 of the unit pair (1, 1) is 2 m^2
+    torch.testing.assert_close(pair, torch.full_like(pair, 2 * 1.25**2), rtol=0, atol=1e-5)

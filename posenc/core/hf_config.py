@@ -27,7 +27,8 @@ models                 ``layer_type=``; ``per_layer_config`` overrides (Gemma-4'
 Hunyuan                ``{"type": "dynamic", "alpha": a}``: static NTK scaling of the base by
                        ``a^(d/(d-2))``, as transformers' Hunyuan code reads it
 Phi-3, Phi-3.5-MoE     ``"type": "yarn"`` or ``"su"`` means LongRoPE (Phi-3); ``short_mscale`` and
-                       ``long_mscale`` (Phi-3.5-MoE) are the attention factor
+                       ``long_mscale`` (Phi-3.5-MoE) are the attention factors within and past the
+                       original context, switching with the short and long factors
 Qwen2-VL / 2.5-VL,     ``mrope_section`` (multimodal RoPE; ``rope_type``/``type`` ``"mrope"`` means the
 Qwen3-VL               default rule), ``mrope_interleaved``, ``text_config``; for
                        :func:`mrope_vision_from_hf`: ``vision_config.spatial_merge_size`` and
@@ -279,7 +280,8 @@ def rope_scaling_from_hf(config: object, *, layer_type: str | None = None) -> tu
     name ``su``) and ``proportional``.  Anything else raises :class:`ValueError` naming it; nothing
     falls back silently.  Family details follow transformers' model code: Hunyuan's
     ``{"type": "dynamic", "alpha": a}`` is static NTK scaling by ``a``; Phi-3's ``"yarn"`` is
-    LongRoPE; Phi-3.5-MoE's ``short_mscale``/``long_mscale`` set the attention factor; YaRN without a
+    LongRoPE; Phi-3.5-MoE's ``short_mscale``/``long_mscale`` set the attention factor within and past
+    the original context (switching with the short and long factors); YaRN without a
     ``factor`` key raises, and ``"factor": null`` means ``max_position_embeddings /
     original_max_position_embeddings``.
 
@@ -421,17 +423,20 @@ def _scaling(rule: str, params: Mapping[str, Any], config: Mapping[str, Any]) ->
     factor = params.get("factor")
     if factor is None:
         factor = (_whole("max_position_embeddings", max_pos) / orig) if max_pos else 1.0
+    within, past = _longrope_mscale(params, model_type)
     return LongRopeScaling(
         _need(params, "short_factor", rule), _need(params, "long_factor", rule), orig,
-        factor=_validate.check_float("factor", factor), attention_factor_override=_longrope_mscale(params, model_type),
+        factor=_validate.check_float("factor", factor), attention_factor_override=within, long_attention_factor=past,
     )
 
 
-def _longrope_mscale(params: Mapping[str, Any], model_type: object) -> Any:
-    """LongRoPE's attention factor: ``attention_factor``, or Phi-3.5-MoE's ``short_mscale``/``long_mscale``."""
+def _longrope_mscale(params: Mapping[str, Any], model_type: object) -> tuple[Any, Any]:
+    """LongRoPE's attention factors ``(within, past)`` the original context: ``attention_factor``
+    (``past`` None: the same), or Phi-3.5-MoE's ``short_mscale``/``long_mscale``, which switch with the
+    factors."""
     short, long = params.get("short_mscale"), params.get("long_mscale")
     if short is None and long is None:
-        return params.get("attention_factor")
+        return params.get("attention_factor"), None
     if model_type and model_type not in _MSCALE_MODEL_TYPES:
         raise ValueError(
             f"short_mscale/long_mscale are read by Phi-3.5-MoE (model_type 'phimoe'), but model_type={model_type!r}, "
@@ -439,17 +444,11 @@ def _longrope_mscale(params: Mapping[str, Any], model_type: object) -> Any:
         )
     if short is None or long is None:
         raise ValueError(f"rope scaling 'longrope' needs both short_mscale and long_mscale, got {dict(params)}")
-    short = _validate.check_float("short_mscale", short, minimum=0.0)
-    long = _validate.check_float("long_mscale", long, minimum=0.0)
-    if short != long:
-        raise ValueError(
-            f"short_mscale={short} differs from long_mscale={long}: the attention factor would switch with the "
-            f"sequence length, and posenc's LongRoPE keeps one attention factor; give equal values (as Phi-3.5-MoE "
-            f"does) or one attention_factor"
-        )
     if params.get("attention_factor") is not None:
         raise ValueError("give either attention_factor or short_mscale/long_mscale, not both")
-    return short
+    short = _validate.check_float("short_mscale", short, minimum=0.0)
+    long = _validate.check_float("long_mscale", long, minimum=0.0)
+    return short, (None if long == short else long)
 
 
 class RopeLayoutSource(NamedTuple):

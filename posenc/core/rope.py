@@ -83,6 +83,12 @@ class RopeScaling:
         """Factor applied to cos and sin (1.0 unless the rule defines one)."""
         return 1.0
 
+    def attention_factor_at(self, seq_len: int | None) -> float:
+        """The factor for a sequence of ``seq_len`` tokens (None: within the original context):
+        :meth:`attention_factor`, unless a length-dependent rule switches it past its original context
+        (LongRoPE with a ``long_attention_factor``)."""
+        return self.attention_factor()
+
     def frequencies_past(self, dim: int, base: float, length: Any, xp: Any) -> Any:
         """Float64 frequencies ``(dim/2,)`` for a sequence ``length > original_max_seq_len`` given as a
         0-d array of namespace ``xp`` (NumPy or torch), so that a traced graph follows a length known
@@ -338,7 +344,9 @@ class LongRopeScaling(RopeScaling):
 
     ``theta_i / ext_i`` with ``ext = short_factor`` while ``seq_len <= L0`` and ``long_factor``
     strictly after.  The attention factor is ``attention_factor`` if given, else
-    ``sqrt(1 + ln(factor) / ln(L0))`` (1 when ``factor <= 1``).
+    ``sqrt(1 + ln(factor) / ln(L0))`` (1 when ``factor <= 1``); ``long_attention_factor``, when
+    given, replaces it past ``L0``, switching with the factors (Phi-3.5-MoE's ``short_mscale`` and
+    ``long_mscale``).
     """
 
     short_factor: tuple[float, ...]
@@ -346,6 +354,7 @@ class LongRopeScaling(RopeScaling):
     original_max_seq_len: int
     factor: float = 1.0
     attention_factor_override: float | None = None
+    long_attention_factor: float | None = None
     name: ClassVar[str] = "longrope"
     length_dependent: ClassVar[bool] = True
 
@@ -362,11 +371,9 @@ class LongRopeScaling(RopeScaling):
             )
         object.__setattr__(self, "original_max_seq_len", _original(self.original_max_seq_len))
         object.__setattr__(self, "factor", _positive("factor", self.factor))
-        if self.attention_factor_override is not None:
-            object.__setattr__(
-                self, "attention_factor_override",
-                _validate.check_float("attention_factor_override", self.attention_factor_override, minimum=0.0),
-            )
+        for field in ("attention_factor_override", "long_attention_factor"):
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, _validate.check_float(field, getattr(self, field), minimum=0.0))
 
     def attention_factor(self) -> float:
         if self.attention_factor_override is not None:
@@ -374,6 +381,11 @@ class LongRopeScaling(RopeScaling):
         if self.factor <= 1.0:
             return 1.0
         return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_seq_len))
+
+    def attention_factor_at(self, seq_len: int | None) -> float:
+        if self.long_attention_factor is not None and seq_len is not None and seq_len > self.original_max_seq_len:
+            return self.long_attention_factor
+        return self.attention_factor()
 
     def _frequencies(self, dim, base, seq_len):
         if len(self.short_factor) != dim // 2:
@@ -448,7 +460,7 @@ def frequencies(dim: int, base: float, scaling: RopeScaling | None = None, seq_l
 def inv_freq(dim: int, base: float, scaling: RopeScaling | None = None, seq_len: int | None = None) -> tuple[np.ndarray, float]:
     """``(inv_freq, attention_factor)``: float64 frequencies ``(dim/2,)`` and the cos/sin factor."""
     freqs = frequencies(dim, base, scaling, seq_len)
-    factor = 1.0 if scaling is None else scaling.attention_factor()
+    factor = 1.0 if scaling is None else scaling.attention_factor_at(seq_len if scaling.length_dependent else None)
     return np.array([float(f) for f in freqs], dtype=np.float64), factor
 
 

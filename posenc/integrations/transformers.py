@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import logging
 import sys
@@ -75,6 +76,7 @@ from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core import hf_config as core_hf_config
 from posenc.core.notices import LOGGER_NAME
+from posenc.core.rope import LongRopeScaling
 from posenc.functional import (
     alibi_bias,
     alibi_slopes,
@@ -711,11 +713,27 @@ def _plan_rotary(module: torch.nn.Module, where: str, model: torch.nn.Module, as
     rows = _rows(config)
     tables: dict[str, _RotaryTables] = {}
     fmt: str | None = None
+    reading = ""
     for layer_type in _layer_types(module, config):
         rope = _from_config(config, layer_type, rows, where).to(device)
         table = _RotaryTables(rope, assume_valid)
+        try:
+            fmt = _verify_rotary(module, where, layer_type, table, fmt, config)
+        except ValueError:
+            kept = _short_factors_kept(rope)
+            if kept is None:
+                raise
+            table = _RotaryTables(kept.to(device), assume_valid)
+            try:
+                fmt = _verify_rotary(module, where, layer_type, table, fmt, config)
+            except ValueError:
+                pass
+            else:
+                reading = ("; reading: LongRoPE's short factors at every length, only the attention factor "
+                           "switching past the original context, as this module computes")
+            if not reading:
+                raise
         tables[str(layer_type)] = table
-        fmt = _verify_rotary(module, where, layer_type, table, fmt, config)
     assert fmt is not None
     _check_one_axis(module, where, config, rope.dim)
     adapter = _RotaryAdapter(tables, fmt).to(device)
@@ -724,7 +742,21 @@ def _plan_rotary(module: torch.nn.Module, where: str, model: torch.nn.Module, as
     kinds = [k for k in tables if k != "None"]
     return _Plan(module, "rotary", {"forward": _Call(module, _rotary_forward)}, ("posenc_rope", adapter),
                  note=f"format {_FORMAT_WORDS[fmt]}, rotary dim {'/'.join(map(str, dims))}"
-                      + (f", one table per layer type: {', '.join(kinds)}" if kinds else ""))
+                      + (f", one table per layer type: {', '.join(kinds)}" if kinds else "") + reading)
+
+
+def _short_factors_kept(rope: RotaryEmbedding) -> RotaryEmbedding | None:
+    """The second reading of a LongRoPE rule whose attention factor switches past the original context
+    (Phi-3.5-MoE's ``short_mscale``/``long_mscale``): the short factors kept at every length, only the
+    attention factor switching, which is what transformers' ``PhimoeRotaryEmbedding`` computes (the
+    configuration's reading, as Microsoft's reference code and vLLM compute it, switches both).  None for
+    any other rule.  Used only where the module itself is reproduced by it (checked like the first)."""
+    rule = rope.scaling
+    if not (isinstance(rule, LongRopeScaling) and rule.long_attention_factor is not None
+            and rule.long_factor != rule.short_factor):
+        return None
+    return RotaryEmbedding(rope.dim, max_seq_len=rope.max_seq_len, base=rope.base, layout=rope.layout,
+                           scaling=dataclasses.replace(rule, long_factor=rule.short_factor), backend=rope.backend)
 
 
 def _verify_rotary(module: torch.nn.Module, where: str, layer_type: str | None, table: _RotaryTables,
@@ -1511,10 +1543,12 @@ def _log_plans(model: torch.nn.Module, plans: list[_Plan]) -> None:
             rotation = ("the model's own attention code rotates q and k in this layout" +
                         (f" ({'; '.join(whys)})" if whys else "") +
                         (f", except in {_modules(len(routed), 'rotary module')} posenc reproduces" if routed else ""))
+        readings = sorted({p.note.split("; reading: ")[1] for p in rotary if "; reading: " in p.note})
         _log.info(
-            "patch_model: %s: layout=%r (%s); posenc now supplies %s, %s, and the model's weights are used as they "
+            "patch_model: %s: layout=%r (%s); posenc now supplies %s%s, %s, and the model's weights are used as they "
             "are; %s",
-            type(model).__name__, layout, reason, what, rotation, core_hf_config.conversion_hint(layout),
+            type(model).__name__, layout, reason, what, "".join(f" ({r})" for r in readings), rotation,
+            core_hf_config.conversion_hint(layout),
         )
     others = [p for p in plans if p.kind not in ("rotary", "mrope")]
     if others:

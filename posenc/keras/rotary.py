@@ -70,8 +70,8 @@ class RotaryEmbedding(PositionsLayer):
     def _build(self, seq_len):
         freqs = core_rope.frequencies(self.dim, self.base, self.scaling, seq_len)
         s, c = exact_sin_cos(np.arange(self.max_seq_len), freqs)
-        f = self.attention_factor
-        return (c * f).astype(np.float32), (s * f).astype(np.float32), np.array([float(x) for x in freqs])
+        f = 1.0 if self.scaling is None else self.scaling.attention_factor_at(seq_len)   # (LongRoPE's may switch)
+        return (c * f).astype(np.float32), (s * f).astype(np.float32), np.array([float(x) for x in freqs]), f
 
     def cos_sin(self, positions, seq_len=None):
         """float32 ``(cos, sin)`` of shape ``positions.shape + (dim/2,)`` for integer ``positions``
@@ -81,9 +81,9 @@ class RotaryEmbedding(PositionsLayer):
 
     def _cos_sin(self, positions, seq_len):
         def pick(key):
-            cos_t, sin_t, inv = self._tables[key]
+            cos_t, sin_t, inv, factor = self._tables[key]
             def analytic(which):
-                return lambda p: (ops.cos if which == "cos" else ops.sin)(float32_angles(p, inv)) * self.attention_factor
+                return lambda p: (ops.cos if which == "cos" else ops.sin)(float32_angles(p, inv)) * factor
             return lookup(cos_t, positions, analytic("cos")), lookup(sin_t, positions, analytic("sin"))
 
         cos, sin = pick("base")

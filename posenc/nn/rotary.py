@@ -48,6 +48,8 @@ class _LengthRule(Protocol):
 
     original_max_seq_len: int
 
+    def attention_factor_at(self, seq_len: int | None) -> float: ...
+
     def frequencies(self, dim: int, base: float, seq_len: int | None = None) -> tuple[Any, ...]: ...
 
     def frequencies_past(self, dim: int, base: float, length: Any, xp: Any) -> Any: ...
@@ -165,6 +167,9 @@ class RotaryEmbedding(TableModule):
         self.scaling = scaling
         self._length_dependent = scaling is not None and scaling.length_dependent
         self.attention_factor = 1.0 if scaling is None else scaling.attention_factor()
+        # past the original context a rule may switch its factor too (Phi-3.5-MoE's long_mscale)
+        self._past_factor = self.attention_factor if not self._length_dependent else self._rule.attention_factor_at(
+            self._rule.original_max_seq_len + 1)
         self.xpos_scale_base = (
             None if xpos_scale_base is None else _validate.check_float("xpos_scale_base", xpos_scale_base, positive=True)
         )
@@ -641,7 +646,8 @@ class RotaryEmbedding(TableModule):
         return rng is not None and 0 <= rng[0] and rng[1] < self.max_seq_len
 
     def _call_frequencies(self, rng: tuple[int, int] | None, seq_len: int | None):
-        """The rule's frequencies for this call when they differ from the table's, else None."""
+        """The rule's ``(frequencies, attention factor)`` for this call when they differ from the table's,
+        else None."""
         if not self._length_dependent:
             return None
         if seq_len is None:
@@ -652,7 +658,8 @@ class RotaryEmbedding(TableModule):
                 )
             seq_len = rng[1] + 1
         freqs = self._rule.frequencies(self.dim, self.base, seq_len)
-        return None if freqs == self._freqs else freqs
+        factor = self._rule.attention_factor_at(seq_len)
+        return None if freqs == self._freqs and factor == self.attention_factor else (freqs, factor)
 
     def _traced_rule_cos_sin(self, positions: torch.Tensor, rng, seq_len, dtype: torch.dtype):
         """cos/sin of a length-dependent rule while tracing, where decimal arithmetic cannot run.
@@ -679,7 +686,7 @@ class RotaryEmbedding(TableModule):
                 )
             length = seq_len if isinstance(seq_len, torch.Tensor) else torch.full((), seq_len, device=positions.device)
             c_in, s_in = exact_cos_sin(positions, self.turns, self.attention_factor, dtype, self.turns32)
-            c_out, s_out = exact_cos_sin(positions, self.past_turns, self.attention_factor, dtype, self.past_turns32)
+            c_out, s_out = exact_cos_sin(positions, self.past_turns, self._past_factor, dtype, self.past_turns32)
             beyond = length > self._rule.original_max_seq_len
             return torch.where(beyond, c_out, c_in), torch.where(beyond, s_out, s_in)
         if isinstance(seq_len, torch.Tensor):
@@ -689,19 +696,21 @@ class RotaryEmbedding(TableModule):
         c_in, s_in = exact_cos_sin(positions, self.turns, self.attention_factor, dtype)
         past = self._rule.frequencies_past(self.dim, self.base, length, torch)
         if past is None:
-            c_out, s_out = exact_cos_sin(positions, self.past_turns, self.attention_factor, dtype)
+            c_out, s_out = exact_cos_sin(positions, self.past_turns, self._past_factor, dtype)
         else:
-            c_out, s_out = float64_cos_sin(positions, past, self.attention_factor, dtype)
+            c_out, s_out = float64_cos_sin(positions, past, self._past_factor, dtype)
         beyond = length > self._rule.original_max_seq_len
         return torch.where(beyond, c_out, c_in), torch.where(beyond, s_out, s_in)
 
-    def _exact(self, positions: torch.Tensor, rng, freqs, dtype: torch.dtype):
-        """Exact cos/sin of ``positions`` for this call (``freqs``: the rule's, None: the table's)."""
+    def _exact(self, positions: torch.Tensor, rng, call, dtype: torch.dtype):
+        """Exact cos/sin of ``positions`` for this call (``call``: the rule's frequencies and attention
+        factor from :meth:`_call_frequencies`, None: the table's)."""
         if rng is not None:
             check_position_bounds("positions", *rng)
-        if freqs is None:
+        if call is None:
             return exact_cos_sin(positions, self.turns, self.attention_factor, dtype, self.turns32)
-        return exact_cos_sin(positions, core_exact.turns_split(freqs), self.attention_factor, dtype)
+        freqs, factor = call
+        return exact_cos_sin(positions, core_exact.turns_split(freqs), factor, dtype)
 
     def _xpos_scale(self, positions: torch.Tensor, rng) -> torch.Tensor:
         """``zeta^(p / scale_base)`` per pair, float64 ``positions.shape + (dim/2,)``."""

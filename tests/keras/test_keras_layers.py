@@ -209,3 +209,18 @@ def test_bias_layers_hold_a_tensor_parallel_slice_of_the_heads():
     assert tuple(t5.weight.shape) == (32, 4) and ops.convert_to_numpy(t5(pos)).shape == (4, 5, 5)
     with pytest.raises(ValueError, match=r"0 <= start < stop <= num_heads=8"):
         AlibiBias(8, head_range=(6, 9))
+
+
+def test_longrope_attention_factor_switches_with_the_factors():
+    """Phi-3.5-MoE's short_mscale/long_mscale: |(cos, sin)| is the short factor up to the original
+    length and the long one past it, with the short and long frequencies (float64 oracle)."""
+    rule = pk.LongRopeScaling([1.0] * 4, [4.0] * 4, 16, factor=4.0, attention_factor_override=1.05,
+                              long_attention_factor=1.25)
+    rope = pk.RotaryEmbedding(8, max_seq_len=64, scaling=rule)
+    theta = np.array([10000.0 ** (-2 * i / 8) for i in range(4)])
+    pos = np.arange(5)
+    for seq_len, m, ext in ((16, 1.05, 1.0), (17, 1.25, 4.0)):
+        c, s = (np_(t) for t in rope.cos_sin(ops.arange(5), seq_len=seq_len))
+        angle = pos[:, None] * theta / ext
+        np.testing.assert_allclose(c, m * np.cos(angle), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(s, m * np.sin(angle), rtol=0, atol=1e-6)
