@@ -628,3 +628,54 @@ def test_phimoe_with_its_own_short_and_long_mscale_is_patched_and_equal(caplog):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=1e-5)
         assert torch.equal(model.generate(ids[:, :58], max_new_tokens=12, do_sample=False), want_steps)
+
+
+@pytest.mark.parametrize("change", ["cos.mul_(0.5)", "sin.neg_()", "cos[..., :2].zero_()"])
+def test_cos_sin_changed_in_place_after_the_rotary_call_rotate_as_the_models_own_function(change):
+    """Custom attention code may change the cos/sin it got before rotating; posenc's stand-in for the
+    model's apply_rotary_pos_emb then gives the model's own result with the changed values."""
+    import sys
+
+    cls, make = FAMILIES["llama"]
+    torch.manual_seed(0)
+    model = cls(make()).eval()
+    patch_model(model)
+    code = sys.modules[type(model.model.rotary_emb).__module__]
+    stand_in = code.apply_rotary_pos_emb
+    q, k = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16)
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(q, torch.arange(3, 8)[None])
+        untouched = stand_in(q, k, cos, sin)
+        exec(change, {}, {"cos": cos, "sin": sin})
+        got = stand_in(q, k, cos, sin)
+        want = stand_in.original(q, k, cos, sin)
+    assert not torch.equal(got[0], untouched[0])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    unpatch_model(model)
+
+
+def test_dynamic_ntk_module_grown_by_earlier_calls_is_patched_as_loaded(caplog):
+    """transformers' dynamic NTK remembers the longest sequence it saw; posenc keeps no such state, so a
+    model that already ran past its original length is patched to compute as the model did when
+    loaded (checked against a fresh copy of the module), and the record says so."""
+    import copy
+    import logging
+
+    config = transformers.LlamaConfig(**SMALL, num_key_value_heads=2, max_position_embeddings=64,
+                                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    loaded = copy.deepcopy(model)
+    with torch.no_grad():
+        model(torch.randint(0, 96, (1, 200)))                        # grows the module's remembered length
+    ids = torch.randint(0, 96, (2, 100))
+    with torch.no_grad():
+        want = loaded(ids).logits
+        assert not torch.allclose(model(ids).logits, want, rtol=0, atol=1e-4)    # the grown state differs
+        steps = loaded.generate(ids[:, :60], max_new_tokens=8, do_sample=False)
+    with caplog.at_level(logging.INFO, logger="posenc"):
+        patch_model(model)
+    assert "remembered 200 positions" in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=1e-5)
+        assert torch.equal(model.generate(ids[:, :60], max_new_tokens=8, do_sample=False), steps)

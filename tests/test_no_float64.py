@@ -344,3 +344,25 @@ def test_sandwich_without_float64_matches_the_float64_oracle():
         bias = posenc.SandwichBias(4, dim=16)(torch.tensor(qp), torch.tensor(kp))
     assert bias.dtype == torch.float32
     np.testing.assert_allclose(bias.numpy(), ref.sandwich(qp, kp, 16, 4), rtol=0, atol=1e-5)
+
+
+def test_patch_model_checks_itself_without_float64(no_float64):
+    """On a device without float64, patch_model's self-checks and its check of the model's rotate function
+    run without creating a float64 tensor (float64 rotations are left to the model's own code), and the
+    patched model equals the unpatched one."""
+    transformers = pytest.importorskip("transformers")
+    from posenc.integrations.transformers import is_patched, patch_model
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (1, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+        steps = model.generate(ids, max_new_tokens=6, do_sample=False)
+    patch_model(model)
+    assert is_patched(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=1e-5)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), steps)

@@ -15,7 +15,8 @@ version of each, and checks it against the module's own output before it changes
   and k; its cache still holds keys rotated once, at the step that produced them, so
   length-dependent rules (dynamic NTK, LongRoPE) follow the model within a generation (the length
   is the largest position + 1 of each step; transformers' dynamic NTK also remembers the longest
-  length seen by earlier calls, posenc does not);
+  length seen by earlier calls, posenc does not: a module that already grew is checked against a
+  fresh copy of itself, and computes as it did when loaded);
 - **multimodal RoPE** (Qwen2-VL and its successors): the text model's rotary module returns
   posenc's exact M-RoPE cos/sin (:class:`posenc.MultimodalRotaryEmbedding`) for the ``(3, B, S)``
   positions the model computes (``get_rope_index`` and its rope deltas are the model's own);
@@ -69,7 +70,7 @@ import torch
 
 from posenc import _validate
 from posenc._deprecate import UNSET
-from posenc._torch.angles import angle_dtype
+from posenc._torch.angles import angle_dtype, has_float64
 from posenc._torch.backend import kernel_possible
 from posenc._torch.rope_call import promise
 from posenc._torch.rows import position_range, table_rows
@@ -525,6 +526,7 @@ class _RotaryAdapter(torch.nn.Module):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: Any = None, **kwargs: Any) -> Any:
         out, entry = self.compute(x, position_ids, layer_type, self.fast)
         if entry is not None:
+            entry.versions = (out[0]._version, out[1]._version)     # (an in-place change later retires the entry)
             setattr(out[0], _ENTRY, entry)
         return out
 
@@ -649,12 +651,30 @@ def _angle_scale(copy_module: torch.nn.Module, layer_type: str | None, rope: Rot
     return np.full(rope.dim // 2, float(ours.max()))
 
 
+def _grown(module: torch.nn.Module) -> int | None:
+    """The length a dynamic-NTK module remembers from earlier calls when it is past its original one
+    (transformers keeps the frequencies of the longest sequence seen until a shorter one than the
+    original context comes), else None."""
+    original = vars(module).get("original_max_seq_len")
+    if original is None:
+        return None
+    longest = None
+    for name, value in vars(module).items():
+        if name.endswith("max_seq_len_cached"):
+            with contextlib.suppress(TypeError, ValueError, RuntimeError):
+                if int(value) > int(original):
+                    longest = max(longest or 0, int(value))
+    return longest
+
+
 def _reference(module: torch.nn.Module, config: Any = None) -> torch.nn.Module:
-    """The module to compare with: the module itself, or, when the model was cast
-    (``model.to(torch.bfloat16)`` rounds its frequency buffers), a float32 one built afresh from its
-    configuration, which is what the cast model's frequencies are a rounding of."""
+    """The module to compare with: the module itself, or a float32 one in its initial state built afresh
+    from its configuration when the model was cast (``model.to(torch.bfloat16)`` rounds its frequency
+    buffers: the cast model's frequencies are a rounding of the fresh ones) or when a dynamic-NTK module
+    remembers a longer sequence from earlier calls (posenc keeps no such state: it compares with the
+    module as loaded)."""
     low = [b for b in module.buffers() if b.is_floating_point() and b.dtype not in (torch.float32, torch.float64)]
-    if not low:
+    if not low and _grown(module) is None:
         return module
     cached = vars(module).get("_posenc_reference")
     if cached is not None:
@@ -664,12 +684,17 @@ def _reference(module: torch.nn.Module, config: Any = None) -> torch.nn.Module:
     if config is not None:
         for make in (lambda: type(module)(config=config), lambda: type(module)(config)):
             try:
-                built = make().to(low[0].device)
+                built = make().to(next((b.device for b in module.buffers()), torch.device("cpu")))
             except Exception:                           # noqa: BLE001 -- another constructor, or none
                 continue
             if all(not b.is_floating_point() or b.dtype in (torch.float32, torch.float64) for b in built.buffers()):
                 fresh = built.eval()
                 break
+    if fresh is module and not low:
+        raise ValueError(f"patch_model: {type(module).__name__} remembers a sequence of {_grown(module)} positions "
+                         f"from earlier calls (transformers' dynamic NTK keeps the frequencies of the longest one), "
+                         f"and posenc, which keeps no such state, could not build the module afresh from its "
+                         f"configuration to compare with; patch the model before running it, or reload it")
     object.__setattr__(module, "_posenc_reference", (fresh,))      # for this patch_model call only
     return fresh
 
@@ -714,6 +739,10 @@ def _plan_rotary(module: torch.nn.Module, where: str, model: torch.nn.Module, as
     tables: dict[str, _RotaryTables] = {}
     fmt: str | None = None
     reading = ""
+    longest = _grown(module)
+    if longest is not None:
+        reading = (f"; reading: the module remembered {longest} positions from earlier calls, which posenc does not: "
+                   f"each call takes the frequencies of its own length, as the model did when loaded")
     for layer_type in _layer_types(module, config):
         rope = _from_config(config, layer_type, rows, where).to(device)
         table = _RotaryTables(rope, assume_valid)
@@ -729,9 +758,9 @@ def _plan_rotary(module: torch.nn.Module, where: str, model: torch.nn.Module, as
             except ValueError:
                 pass
             else:
-                reading = ("; reading: LongRoPE's short factors at every length, only the attention factor "
-                           "switching past the original context, as this module computes")
-            if not reading:
+                reading += ("; reading: LongRoPE's short factors at every length, only the attention factor "
+                            "switching past the original context, as this module computes")
+            if "LongRoPE's short factors" not in reading:
                 raise
         tables[str(layer_type)] = table
     assert fmt is not None
@@ -921,7 +950,9 @@ class _FastEntry:
     sequence length, and heads wider than the rotary dim only where the function was seen to pass
     the rest through (``partial``); anything else is left to the model's function."""
 
-    __slots__ = ("layout", "dim", "mix", "by_axis", "widen", "partner", "dtype", "length", "partial")
+    __slots__ = ("layout", "dim", "mix", "by_axis", "widen", "partner", "dtype", "length", "partial", "versions")
+    #: the version counters of the cos and sin returned with the entry (set by the module's forward)
+    versions: tuple[int, int]
 
     def __init__(self, layout: str, dim: int, mix: torch.Tensor, widen: bool, cos: torch.Tensor, sin: torch.Tensor,
                  partial: bool) -> None:
@@ -1033,7 +1064,8 @@ class _FastRotate:
         if not _is_compiling() and len(args) >= 4:
             q, k, cos, sin = args[0], args[1], args[2], args[3]
             entry = getattr(cos, _ENTRY, None)
-            if entry is not None and entry.partner is sin and type(q) is _Tensor and type(k) is _Tensor:
+            if (entry is not None and entry.partner is sin and type(q) is _Tensor and type(k) is _Tensor
+                    and entry.versions == (cos._version, sin._version)):
                 unsqueeze = self.unsqueeze if len(args) == 4 and not kwargs else self._unsqueeze(args, kwargs)
                 out = entry.rotate(q, k, unsqueeze) if unsqueeze == 1 or unsqueeze == 2 else None
                 if out is not None:
@@ -1056,7 +1088,8 @@ class _FastRotateOne(_FastRotate):
         if not _is_compiling() and len(args) >= 3:
             x, cos, sin = args[0], args[1], args[2]
             entry = getattr(cos, _ENTRY, None)
-            if entry is not None and entry.partner is sin and type(x) is _Tensor:
+            if (entry is not None and entry.partner is sin and type(x) is _Tensor
+                    and entry.versions == (cos._version, sin._version)):
                 unsqueeze = self._unsqueeze(args, kwargs)
                 out = entry.rotate_one(x, unsqueeze) if unsqueeze == 1 or unsqueeze == 2 else None
                 if out is not None:
@@ -1146,6 +1179,8 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
         if why or kernel_possible(backend, tables[0].cos):
             return why                                       # (the kernel computes in float32 and rounds once)
         for dtype in (torch.bfloat16, torch.float16, torch.float64):
+            if dtype == torch.float64 and not has_float64(tables[0].cos.device):
+                continue                                     # (a device without float64: nothing to route)
             for mode in ("model", "float32"):
                 adapter.low[dtype] = mode
                 if not _reproduces(adapter, fn, backend, dtype):
@@ -1543,7 +1578,7 @@ def _log_plans(model: torch.nn.Module, plans: list[_Plan]) -> None:
             rotation = ("the model's own attention code rotates q and k in this layout" +
                         (f" ({'; '.join(whys)})" if whys else "") +
                         (f", except in {_modules(len(routed), 'rotary module')} posenc reproduces" if routed else ""))
-        readings = sorted({p.note.split("; reading: ")[1] for p in rotary if "; reading: " in p.note})
+        readings = sorted({r for p in rotary for r in p.note.split("; reading: ")[1:]})
         _log.info(
             "patch_model: %s: layout=%r (%s); posenc now supplies %s%s, %s, and the model's weights are used as they "
             "are; %s",
