@@ -88,6 +88,7 @@ def _shrink(config: Any, seen: set[int]) -> None:
         config.qk_head_dim = config.qk_rope_head_dim + config.qk_nope_head_dim
     if isinstance(getattr(config, "rotary_dim", None), int) and config.rotary_dim > 8:
         config.rotary_dim = 8                                             # GPT-J, CodeGen: part of head_dim 16
+    _keep_rotary_pairs(config)
     for key in ("rope_parameters", "rope_scaling"):
         params = getattr(config, key, None)
         if not isinstance(params, dict):
@@ -109,6 +110,35 @@ def _shrink(config: Any, seen: set[int]) -> None:
     for value in list(vars(config).values()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
             _shrink(value, seen)
+
+
+def _keep_rotary_pairs(config: Any) -> None:
+    """A shrunk head keeps at least 4 rotary pairs: a partial rotary factor meant for a wide head (DeepSeek-V4's
+    64 of 512 features, 0.125) would leave none of a 16- or 8-feature head, so such a head becomes 32 features
+    of which the last or first 8 rotate (the rest pass through, as in the full-size model)."""
+    head = vars(config).get("head_dim")
+    if not isinstance(head, int) or isinstance(head, bool):
+        return
+    factors = [vars(config).get("partial_rotary_factor")]
+    for key in ("rope_parameters", "rope_scaling"):
+        params = vars(config).get(key)
+        if isinstance(params, dict):
+            factors += [params.get("partial_rotary_factor")] + [
+                v.get("partial_rotary_factor") for v in params.values() if isinstance(v, dict)]
+    factors = [f for f in factors if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < 1]
+    if not factors or int(head * min(factors)) >= 8:
+        return
+    config.head_dim = 32
+    if isinstance(vars(config).get("partial_rotary_factor"), float):
+        config.partial_rotary_factor = 0.25
+    if isinstance(vars(config).get("qk_rope_head_dim"), int):
+        config.qk_rope_head_dim = 8
+    for key in ("rope_parameters", "rope_scaling"):
+        params = vars(config).get(key)
+        if isinstance(params, dict):
+            for d in [params] + [v for v in params.values() if isinstance(v, dict)]:
+                if "partial_rotary_factor" in d:
+                    d["partial_rotary_factor"] = 0.25
 
 
 def _sections(section: list[int], half: int) -> list[int]:

@@ -679,3 +679,64 @@ def test_dynamic_ntk_module_grown_by_earlier_calls_is_patched_as_loaded(caplog):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=1e-5)
         assert torch.equal(model.generate(ids[:, :60], max_new_tokens=8, do_sample=False), steps)
+
+
+def _deepseek_v4():
+    from tests import hf_zoo
+
+    model = hf_zoo.build("deepseek_v4")           # heads of 32 features whose trailing 8 rotate
+    assert model.config.head_dim == 32 and model.config.partial_rotary_factor == 0.25
+    return model
+
+
+def test_deepseek_v4_config_reads_both_rotary_configurations():
+    """from_hf_config on DeepSeek-V4: interleaved pairs of the trailing features, each layer type's base;
+    the rotation and its inverse equal the model's own apply_rotary_pos_emb(x, cos, sin) and (x, cos, -sin)."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
+
+    import posenc
+
+    config = _deepseek_v4().config
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 6, config.head_dim)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 30, 2, 9, 100, 1]])
+    for layer_type, base in (("main", 10000.0), ("compress", 160000.0)):
+        rope = posenc.RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
+        assert (rope.dim, rope.base, rope.layout, rope.rotary_slice) == (8, base, "interleaved", "last")
+        cos, sin = v4.DeepseekV4RotaryEmbedding(config)(x, positions, layer_type=layer_type)
+        torch.testing.assert_close(rope(x, positions=positions)[0], v4.apply_rotary_pos_emb(x, cos, sin),
+                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(rope(x, positions=positions, inverse=True)[0],
+                                   v4.apply_rotary_pos_emb(x, cos, -sin), rtol=0, atol=1e-6)
+
+
+def test_deepseek_v4_is_patched_with_every_rotation_on_posenc_and_one_record(caplog):
+    """q, the latent KV and the compressed KV, and the inverse rotation of the attention output with
+    -sin, all go through posenc's engine (the model's own function is never called), the patched model
+    equals the unpatched one, and patch_model logs one record."""
+    import logging
+    import sys
+
+    from tests import hf_zoo
+
+    model = _deepseek_v4()
+    want = hf_zoo.run(model)
+    with caplog.at_level(logging.INFO, logger="posenc"):
+        patch_model(model)
+    records = [r for r in caplog.records if r.name == "posenc"]
+    assert len(records) == 1 and "layout='interleaved'" in records[0].getMessage(), [r.getMessage() for r in records]
+    adapters = [m.posenc_rope for m in model.modules() if hasattr(m, "posenc_rope")]
+    assert {(a.partial, a.any_rows) for a in adapters} == {("last", True)}
+    stand_in = sys.modules[type(model.model.rotary_emb).__module__].apply_rotary_pos_emb
+    original, calls = stand_in.original, []
+    stand_in.original = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        got = hf_zoo.run(model)
+    finally:
+        stand_in.original = original
+    assert not calls
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=hf_zoo.ATOL)
+    for a, b in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=hf_zoo.ATOL)
+    assert got[2] == want[2]
+    unpatch_model(model)

@@ -100,3 +100,33 @@ def test_packed_batch_and_module():
     rope_r = posenc.RotaryEmbedding(ROT, max_seq_len=32, layout="interleaved", rotary_slice="last", backend="torch")
     for inverse in (False, True):
         close(rope_t(x, offset=5, inverse=inverse)[0], rope_r(x, offset=5, inverse=inverse)[0])
+
+
+def test_deepseek_v4_patched_on_the_kernel(monkeypatch):
+    """patch_model(backend="triton"): DeepSeek-V4's rotations of q and KV (trailing slice) and the
+    inverse rotation of its output run on the kernel, none through the model's own function, and the
+    patched model equals the unpatched one."""
+    pytest.importorskip("transformers")
+    import sys
+
+    from posenc.integrations.transformers import patch_model, unpatch_model
+    from posenc.kernels import triton_launch
+    from tests import hf_zoo
+
+    model = hf_zoo.build("deepseek_v4")
+    want = hf_zoo.run(model, steps=2)
+    patch_model(model, backend="triton")
+    launches = []
+    for name in ("__call__", "fallback"):
+        method = getattr(triton_launch.Launch, name)
+        monkeypatch.setattr(triton_launch.Launch, name,
+                            lambda self, *a, _m=method: launches.append(1) or _m(self, *a))
+    stand_in = sys.modules[type(model.model.rotary_emb).__module__].apply_rotary_pos_emb
+    original, calls = stand_in.original, []
+    monkeypatch.setattr(stand_in, "original", lambda *a, **k: calls.append(1) or original(*a, **k))
+    got = hf_zoo.run(model, steps=2)
+    assert not calls and launches
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-5)
+    assert got[2] == want[2]
+    monkeypatch.undo()
+    unpatch_model(model)

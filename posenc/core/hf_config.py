@@ -93,9 +93,22 @@ def _mrope_default(model_type: str) -> tuple[int, int, int] | None:
     return _MROPE_DEFAULT_SECTIONS.get(model_type.removesuffix("_text"))
 #: Model types whose RoPE pairs features (2i, 2i + 1); the others pair (i, i + d/2).
 INTERLEAVED_MODEL_TYPES = (
-    "gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "deepseek_v2", "deepseek_v3", "ernie4_5",
+    "gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "deepseek_v2", "deepseek_v3", "deepseek_v4",
+    "ernie4_5",
     "ernie4_5_moe", "helium", "moonshine", "llama4", "llama4_text", "glm4v", "glm4v_text", "glm_ocr", "glm_ocr_text",
 )
+#: Model types whose heads rotate their *trailing* rotary-dim features (the leading ones pass through):
+#: DeepSeek-V4 lays each head out as ``[nope | rope]``.  Every other model rotates the leading features.
+TRAILING_ROTARY_MODEL_TYPES = ("deepseek_v4",)
+
+
+def rope_slice_from_hf(config: object) -> str:
+    """``"last"`` for a model type that rotates the trailing features of each head
+    (:data:`TRAILING_ROTARY_MODEL_TYPES`), else ``"first"``."""
+    model_type = config_dict(config).get("model_type")
+    return "last" if model_type in TRAILING_ROTARY_MODEL_TYPES else "first"
+
+
 #: Model types known to pair features (i, i + d/2) (transformers' ``rotate_half``).  Other model
 #: types not in :data:`INTERLEAVED_MODEL_TYPES` are assumed to, as most transformers models do.
 HALF_MODEL_TYPES = (

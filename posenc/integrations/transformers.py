@@ -516,9 +516,13 @@ class _RotaryAdapter(torch.nn.Module):
         #: why the model's own code rotates q and k (for the log), when it does
         self.why_not_fast = "backend=None"
         #: how posenc mixes the pairs where it rotates (found at patch time): the layout of
-        #: :mod:`posenc.kernels.torch_mix`, the direction of the rotation (-1: by minus the angle), and
-        #: whether the function passes features past the rotary dim through
-        self.mix_layout, self.sign, self.partial = "half", 1, False
+        #: :mod:`posenc.kernels.torch_mix`, the direction of the rotation (-1: by minus the angle), which
+        #: features of a wider head rotate while the rest pass through ("first", "last"; False: wider heads
+        #: are left to the function), and whether rows of any values are rotated as the function would
+        self.mix_layout, self.sign, self.any_rows = "half", 1, False
+        self.partial: str | bool = False
+        #: the slices still in the running while the function is checked (see _reproduces)
+        self.slices: list[str] = []
         #: how the model's rotate function computes in bfloat16 / float16 / float64, found at patch time:
         #: "model" (in that dtype) or "float32" (in float32, then rounded back); absent: its own code runs
         self.low: dict[torch.dtype, str] = {}
@@ -549,28 +553,32 @@ class _RotaryAdapter(torch.nn.Module):
                 and layout == self.layout):
             cos, sin = table(position_ids, dtype)
             out = _to_format(cos, sin, self.fmt, dtype)
-            return out, _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend, out[1], self.partial)
+            return out, _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend, out[1], self.partial, self.any_rows)
         if dtype is not torch.float32 and dtype not in self.low:
             cos, sin = table(position_ids, dtype)                          # the model's own rotation
             return _to_format(cos, sin, self.fmt, dtype), None
         widen = self.low.get(dtype) == "float32"
         got = table.mixed(position_ids, dtype)
         if got is not None:                                                # the usual call: one gather
-            return (got[0], got[1]), _FastEntry(layout, table.dim, got[2], widen, got[0], got[1], self.partial)
+            return (got[0], got[1]), _FastEntry(layout, table.dim, got[2], widen, got[0], got[1], self.partial,
+                                                self.sign, self.any_rows)
         cos, sin = table(position_ids, dtype)
         cos, sin = cos.to(dtype), sin.to(dtype)
         with torch.no_grad():
             rows = mix_rows(cos, sin if self.sign > 0 else -sin, layout)    # (B, S, 2d), in the model's dtype
         out = _to_format(cos, sin, self.fmt, dtype)
-        return out, _FastEntry(layout, table.dim, mix_view(rows, layout), widen, out[0], out[1], self.partial)
+        return out, _FastEntry(layout, table.dim, mix_view(rows, layout), widen, out[0], out[1], self.partial,
+                               self.sign, self.any_rows)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         # (adapters saved by an earlier posenc: what they lack, the cautious way: bfloat16, float16 and
         # float64 left to the model's own rotation until the model is patched again)
         for name, value in (("low", {}), ("mix_layout", self.layout or "half"), ("sign", 1), ("why_not_fast", ""),
-                            ("partial", False)):
+                            ("partial", False), ("any_rows", False), ("slices", [])):
             vars(self).setdefault(name, value)
+        if self.partial is True:                                   # (the leading features, as it then meant)
+            self.partial = "first"
         fast = getattr(self, "fast", None)
         if fast is not None:                                       # a copy or a loaded model: route it again
             _install_fast(fast[0], fast[1], self)
@@ -596,14 +604,32 @@ def _rows(config: Any) -> int:
     return min(int(getattr(config, "max_position_embeddings", 4096) or 4096), _MAX_TABLE_ROWS)
 
 
+class _Silent(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def _silently() -> Iterator[None]:
+    """The configuration readers' own INFO records held back: ``patch_model`` logs one record per call,
+    with the layout found from the model's code (a reader's guess from the model type would contradict it)."""
+    silent = _Silent()
+    _log.addFilter(silent)
+    try:
+        yield
+    finally:
+        _log.removeFilter(silent)
+
+
 def _from_config(config: Any, layer_type: str | None, rows: int, where: str) -> RotaryEmbedding:
     try:
-        return RotaryEmbedding.from_hf_config(config, layer_type=layer_type, max_seq_len=rows)
+        with _silently():
+            return RotaryEmbedding.from_hf_config(config, layer_type=layer_type, max_seq_len=rows)
     except (ValueError, TypeError, KeyError) as e:
         text = getattr(config, "get_text_config", None)
         inner = text() if callable(text) else None
         if inner is not None and inner is not config:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
+            with contextlib.suppress(ValueError, TypeError, KeyError), _silently():
                 return RotaryEmbedding.from_hf_config(inner, layer_type=layer_type, max_seq_len=rows)
         hint = " (this is a composite configuration: its text model's settings are in config.text_config)" \
             if inner is not None and inner is not config else ""
@@ -948,15 +974,23 @@ class _FastEntry:
     the model's dtype (widened to float32 with ``widen``, for functions that compute there), broadcast
     as the model broadcasts cos (``unsqueeze_dim``).  It serves 4-D tensors of cos's dtype and
     sequence length, and heads wider than the rotary dim only where the function was seen to pass
-    the rest through (``partial``); anything else is left to the model's function."""
+    the rest through (``partial``: ``"first"`` where the leading features rotate, ``"last"`` where the
+    trailing ones do, as in DeepSeek-V4); anything else is left to the model's function.
 
-    __slots__ = ("layout", "dim", "mix", "by_axis", "widen", "partner", "dtype", "length", "partial", "versions")
+    ``any_rows``: the function was also reproduced with cos/sin rows of any values (half-width rows,
+    one value per pair), so that a call with other rows than the module returned (DeepSeek-V4 rotates
+    its attention output back with ``-sin``; custom code may change them in place) is rotated by
+    posenc's engine from the rows it is given (:meth:`rotate_rows`)."""
+
+    __slots__ = ("layout", "dim", "mix", "by_axis", "widen", "partner", "dtype", "length", "partial", "versions",
+                 "sign", "any_rows")
     #: the version counters of the cos and sin returned with the entry (set by the module's forward)
     versions: tuple[int, int]
 
     def __init__(self, layout: str, dim: int, mix: torch.Tensor, widen: bool, cos: torch.Tensor, sin: torch.Tensor,
-                 partial: bool) -> None:
+                 partial: str | bool, sign: int = 1, any_rows: bool = False) -> None:
         self.layout, self.dim, self.widen, self.partial = layout, dim, widen, partial
+        self.sign, self.any_rows = sign, any_rows
         #: the sin returned with this cos (a call with another sin is not this entry's), cos's dtype and length
         self.partner, self.dtype, self.length = sin, cos.dtype, cos.shape[-2]
         self.mix = mix.float() if widen else mix
@@ -965,7 +999,13 @@ class _FastEntry:
 
     def _serves(self, x: torch.Tensor, unsqueeze: int) -> bool:
         return (x.dtype is self.dtype and x.dim() == 4 and x.shape[3 - unsqueeze] == self.length
-                and (x.shape[-1] == self.dim or (self.partial and x.shape[-1] > self.dim)))
+                and (x.shape[-1] == self.dim or (bool(self.partial) and x.shape[-1] > self.dim)))
+
+    def _takes_rows(self, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """Whether given cos/sin are half-width rows of this entry's call (any values)."""
+        return (self.any_rows and type(sin) is _Tensor and cos.dim() == 3 and cos.shape == sin.shape
+                and 2 * cos.shape[-1] == self.dim and cos.shape[-2] == self.length and cos.dtype is self.dtype
+                and sin.dtype is self.dtype)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """q and k rotated, or None when they are not what the entry rotates (the model's own function
@@ -979,52 +1019,76 @@ class _FastEntry:
             return rotate_mixed(q, m, self.layout), rotate_mixed(k, m, self.layout)
         if not (self._serves(q, unsqueeze) and self._serves(k, unsqueeze)):
             return None
-        return self._one(q, unsqueeze), self._one(k, unsqueeze)
+        m = self._factors(unsqueeze)
+        return self._with(q, m), self._with(k, m)
 
     def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
         """One tensor rotated (for functions that take one at a time), or None (see :meth:`rotate`)."""
-        return self._one(x, unsqueeze) if self._serves(x, unsqueeze) else None
+        return self._with(x, self._factors(unsqueeze)) if self._serves(x, unsqueeze) else None
 
-    def _one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor:
-        dim = self.dim
+    def rotate_rows(self, xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.Tensor,
+                    unsqueeze: int) -> tuple[torch.Tensor, ...] | None:
+        """``xs`` rotated by the given half-width rows, or None (the model's function then runs)."""
+        if not (self._takes_rows(cos, sin) and all(self._serves(x, unsqueeze) for x in xs)):
+            return None
+        m = mix_view(mix_rows(cos, sin if self.sign > 0 else -sin, self.layout), self.layout)
+        m = (m.float() if self.widen else m).unsqueeze(unsqueeze)
+        return tuple(self._with(x, m) for x in xs)
+
+    def _factors(self, unsqueeze: int) -> torch.Tensor:
         m = self.by_axis.get(unsqueeze)
         if m is None:
             m = self.by_axis[unsqueeze] = self.mix.unsqueeze(unsqueeze)
-        part = x if x.shape[-1] == dim else x[..., :dim]
+        return m
+
+    def _with(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        dim = self.dim
+        last = self.partial == "last" and x.shape[-1] > dim
+        part = x if x.shape[-1] == dim else (x[..., -dim:] if last else x[..., :dim])
         if self.widen:                                               # computed in float32, rounded back once
             out = rotate_mixed(part.float(), m, self.layout).to(x.dtype)
         else:
             out = rotate_mixed(part, m, self.layout)
-        return out if x.shape[-1] == dim else torch.cat([out, x[..., dim:]], -1)   # a pass-through part
+        if x.shape[-1] == dim:
+            return out
+        return torch.cat([x[..., :-dim], out], -1) if last else torch.cat([out, x[..., dim:]], -1)   # pass-through
 
 
 class _KernelEntry(_FastEntry):
-    """:class:`_FastEntry` for the Triton kernel, which reads the narrow ``(B, S, d/2)`` cos and sin."""
+    """:class:`_FastEntry` for the Triton kernel, which reads the narrow ``(1, S, d/2)`` cos and sin of one
+    row set for the batch (the entry of a call with one row of positions)."""
 
     __slots__ = ("cos", "sin", "backend")
 
     def __init__(self, layout: str, cos: torch.Tensor, sin: torch.Tensor, backend: str, sin_out: torch.Tensor,
-                 partial: bool) -> None:
+                 partial: str | bool, any_rows: bool = False) -> None:
         self.layout, self.dim, self.partner, self.partial = layout, 2 * cos.shape[-1], sin_out, partial
-        self.dtype, self.length = cos.dtype, cos.shape[-2]
+        self.dtype, self.length, self.sign, self.any_rows = cos.dtype, cos.shape[-2], 1, any_rows
         self.cos, self.sin, self.backend = cos, sin, backend
 
+    def _kernel(self, q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        last = self.partial == "last" and q.shape[-1] > self.dim
+        return apply_rope_qk(q, k, cos[0], sin[0], layout=self.layout, seq_dim=3 - unsqueeze, backend=self.backend,
+                             rotary_slice="last" if last else "first")
+
     def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
-        if not self._serves(x, unsqueeze):
+        return self._kernel(x, None, self.cos, self.sin, unsqueeze)[0] if self._serves(x, unsqueeze) else None
+
+    def rotate_rows(self, xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.Tensor,
+                    unsqueeze: int) -> tuple[torch.Tensor, ...] | None:
+        if not (self._takes_rows(cos, sin) and cos.shape[0] == 1 and all(self._serves(x, unsqueeze) for x in xs)):
             return None
-        cos, sin = self.cos.unsqueeze(unsqueeze), self.sin.unsqueeze(unsqueeze)
-        return apply_rope(x, cos, sin, layout=self.layout, backend=self.backend)
+        return tuple(self._kernel(x, None, cos, sin, unsqueeze)[0] for x in xs)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        cos, sin, layout, backend = self.cos, self.sin, self.layout, self.backend
         if not (self._serves(q, unsqueeze) and self._serves(k, unsqueeze)):
             return None
-        if cos.shape[0] == 1:                             # one row set for the batch: q and k in one call
-            q_out, k_out = apply_rope_qk(q, k, cos[0], sin[0], layout=layout, seq_dim=3 - unsqueeze, backend=backend)
+        if q.shape[-1] == k.shape[-1]:                                  # q and k in one launch
+            q_out, k_out = self._kernel(q, k, self.cos, self.sin, unsqueeze)
             return q_out, cast(torch.Tensor, k_out)
-        cos, sin = cos.unsqueeze(unsqueeze), sin.unsqueeze(unsqueeze)         # (B, 1, S, d/2) for (B, H, S, D)
-        return (apply_rope(q, cos, sin, layout=layout, backend=backend),
-                apply_rope(k, cos, sin, layout=layout, backend=backend))
+        return (self._kernel(q, None, self.cos, self.sin, unsqueeze)[0],
+                cast(torch.Tensor, self._kernel(k, None, self.cos, self.sin, unsqueeze)[0]))
 
 
 class _FastRotate:
@@ -1064,10 +1128,14 @@ class _FastRotate:
         if not _is_compiling() and len(args) >= 4:
             q, k, cos, sin = args[0], args[1], args[2], args[3]
             entry = getattr(cos, _ENTRY, None)
-            if (entry is not None and entry.partner is sin and type(q) is _Tensor and type(k) is _Tensor
-                    and entry.versions == (cos._version, sin._version)):
+            if entry is not None and type(q) is _Tensor and type(k) is _Tensor:
                 unsqueeze = self.unsqueeze if len(args) == 4 and not kwargs else self._unsqueeze(args, kwargs)
-                out = entry.rotate(q, k, unsqueeze) if unsqueeze == 1 or unsqueeze == 2 else None
+                out = None
+                if unsqueeze == 1 or unsqueeze == 2:
+                    if entry.partner is sin and entry.versions == (cos._version, sin._version):
+                        out = entry.rotate(q, k, unsqueeze)                  # the module's own cos/sin, as returned
+                    elif entry.any_rows:
+                        out = entry.rotate_rows((q, k), cos, sin, unsqueeze)   # other rows, or changed ones
                 if out is not None:
                     return out
         return self.original(*args, **kwargs)
@@ -1088,10 +1156,15 @@ class _FastRotateOne(_FastRotate):
         if not _is_compiling() and len(args) >= 3:
             x, cos, sin = args[0], args[1], args[2]
             entry = getattr(cos, _ENTRY, None)
-            if (entry is not None and entry.partner is sin and type(x) is _Tensor
-                    and entry.versions == (cos._version, sin._version)):
+            if entry is not None and type(x) is _Tensor:
                 unsqueeze = self._unsqueeze(args, kwargs)
-                out = entry.rotate_one(x, unsqueeze) if unsqueeze == 1 or unsqueeze == 2 else None
+                out = None
+                if unsqueeze == 1 or unsqueeze == 2:
+                    if entry.partner is sin and entry.versions == (cos._version, sin._version):
+                        out = entry.rotate_one(x, unsqueeze)
+                    elif entry.any_rows:
+                        got = entry.rotate_rows((x,), cos, sin, unsqueeze)
+                        out = None if got is None else got[0]
                 if out is not None:
                     return out
         return self.original(*args, **kwargs)
@@ -1163,8 +1236,10 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
     Then, for bfloat16, float16 and float64, finds how the function computes there: in that dtype, or
     in float32 and rounded back (``adapter.low``); only a way that reproduces it bit for bit is kept,
     and without one the model's own function rotates in that dtype.  Heads wider than the rotary dim
-    are served only where every check saw the function pass the rest through (``adapter.partial``)."""
-    adapter.low, adapter.partial = {}, True
+    are served only where every check saw the function rotate the leading or the trailing features and
+    pass the rest through (``adapter.partial``), and rows other than the module's own only where every
+    check reproduced the function with random half-width rows (``adapter.any_rows``)."""
+    adapter.low = {}
     tables = [cast(_RotaryTables, t) for t in adapter.tables.values()]
     promised = [t.assume_valid for t in tables]
     for t in tables:
@@ -1173,21 +1248,23 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
         ways = [("half", 1), ("half", -1)] if adapter.layout == "half" else \
             [("interleaved", 1), ("interleaved_to_half", 1), ("interleaved", -1), ("interleaved_to_half", -1)]
         for adapter.mix_layout, adapter.sign in ways:
+            adapter.slices, adapter.any_rows = ["first", "last"], adapter.fmt == "narrow"
             why = _reproduces(adapter, fn, backend, torch.float32)
             if not why:
                 break
-        if why or kernel_possible(backend, tables[0].cos):
-            return why                                       # (the kernel computes in float32 and rounds once)
-        for dtype in (torch.bfloat16, torch.float16, torch.float64):
-            if dtype == torch.float64 and not has_float64(tables[0].cos.device):
-                continue                                     # (a device without float64: nothing to route)
-            for mode in ("model", "float32"):
-                adapter.low[dtype] = mode
-                if not _reproduces(adapter, fn, backend, dtype):
-                    break
-                del adapter.low[dtype]
-        return ""
+        if not why and not kernel_possible(backend, tables[0].cos):  # (the kernel computes in float32, rounds once)
+            for dtype in (torch.bfloat16, torch.float16, torch.float64):
+                if dtype == torch.float64 and not has_float64(tables[0].cos.device):
+                    continue                                 # (a device without float64: nothing to route)
+                for mode in ("model", "float32"):
+                    adapter.low[dtype] = mode
+                    if not _reproduces(adapter, fn, backend, dtype):
+                        break
+                    del adapter.low[dtype]
+        return why
     finally:
+        adapter.partial = adapter.slices[0] if adapter.slices else False
+        adapter.slices = []
         for t, p in zip(tables, promised, strict=True):
             t.assume_valid = p
 
@@ -1195,47 +1272,65 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
 def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, dtype: torch.dtype) -> str:
     """Why posenc's rotation for ``dtype`` differs from ``fn``'s, or "": bit for bit with the torch
     engine (the same products and additions), within 1e-5 with the Triton kernel (float32 only:
-    it computes in float32 and rounds once).  A head wider than the rotary dim that ``fn`` does not
-    pass through as posenc would clears ``adapter.partial`` instead."""
+    it computes in float32 and rounds once).  For a head wider than the rotary dim, each slice still in
+    ``adapter.slices`` that ``fn`` does not rotate as posenc would is dropped from it; random half-width
+    rows that posenc does not rotate as ``fn`` does clear ``adapter.any_rows``."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     fast = ("", "", backend)
     exact = not kernel_possible(backend, cast(_RotaryTables, next(iter(adapter.tables.values()))).cos)
+    one = _takes_one(fn)
+
+    def same(got: Any, want: Any) -> bool:
+        return got is not None and isinstance(want, tuple) and all(
+            torch.equal(g, w) if exact else torch.allclose(g, w, rtol=0, atol=1e-5)
+            for g, w in zip(got, want, strict=True))
+
+    def call(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+        return (fn(q, cos, sin), fn(k, cos, sin)) if one else fn(q, k, cos, sin)
+
     for layer_type, table in adapter.tables.items():
         table = cast(_RotaryTables, table)
         dim, device, rows = int(table.rope.dim), table.cos.device, int(table.cos.shape[0])
         table.enable_mix(adapter.fmt, adapter.mix_layout, adapter.sign)
         inside = torch.tensor([[0, 1, 2, 3, 4], [5, 9, 40, rows - 2, rows - 1]], device=device)
         past = torch.tensor([[0, 1, 2, 700, 5000], [3, rows, rows + 1, 3 * rows, 7]], device=device)
+        kind = None if layer_type == "None" else layer_type
         for positions in (inside, past, inside[1:], past[1:]):       # (one row set: what the kernel takes)
             for extra in (0, 8):                                      # the whole head rotated, or a pass-through part
                 wide = torch.float64 if dtype == torch.float64 else torch.float32   # (float64: every bit used)
                 q = torch.randn(2, 3, 5, dim + extra, generator=gen, dtype=wide).to(device, dtype)
                 k = torch.randn(2, 2, 5, dim + extra, generator=gen, dtype=wide).to(device, dtype)
                 x = torch.zeros(1, 1, dim, device=device, dtype=dtype)
-                try:
-                    with torch.no_grad():
-                        (cos, sin), entry = adapter.compute(x, positions, None if layer_type == "None" else layer_type,
-                                                            fast)
-                        if _takes_one(fn):
-                            want = fn(q, cos, sin), fn(k, cos, sin)
-                            one = cast(_FastEntry, entry).rotate_one
-                            got = None if (a := one(q, 1)) is None or (b := one(k, 1)) is None else (a, b)
-                        else:
-                            want = fn(q, k, cos, sin)
-                            got = cast(_FastEntry, entry).rotate(q, k, 1)
-                    same = got is not None and isinstance(want, tuple) and all(
-                        torch.equal(g, w) if exact else torch.allclose(g, w, rtol=0, atol=1e-5)
-                        for g, w in zip(got, want, strict=True))
-                except Exception as e:                                # noqa: BLE001 -- reported as the reason
-                    if extra:
-                        adapter.partial = False
-                        continue
-                    return f"posenc's engine could not take its shapes ({type(e).__name__}: {e})"
-                if extra and not same:
-                    adapter.partial = False                           # wider heads: the model's own function
-                elif not same:
-                    return "posenc's engine does not reproduce it " + ("bit for bit " if exact else "") + \
-                        "on random q and k"
+                parts: list[str | bool] = list(adapter.slices) if extra else [False]
+                for part in parts:
+                    adapter.partial = part
+                    try:
+                        with torch.no_grad():
+                            (cos, sin), entry = adapter.compute(x, positions, kind, fast)
+                            entry = cast(_FastEntry, entry)
+                            want = call(q, k, cos, sin)
+                            if one:
+                                got = None if (a := entry.rotate_one(q, 1)) is None or \
+                                    (b := entry.rotate_one(k, 1)) is None else (a, b)
+                            else:
+                                got = entry.rotate(q, k, 1)
+                            ok = same(got, want)
+                            if ok and adapter.any_rows:               # rows of any values, as given
+                                shape = tuple(cos.shape)
+                                cr = torch.randn(shape, generator=gen, dtype=wide).to(device, cos.dtype)
+                                sr = torch.randn(shape, generator=gen, dtype=wide).to(device, sin.dtype)
+                                if not same(entry.rotate_rows((q, k), cr, sr, 1), call(q, k, cr, sr)):
+                                    adapter.any_rows = False
+                    except Exception as e:                            # noqa: BLE001 -- reported as the reason
+                        if extra:
+                            adapter.slices.remove(cast(str, part))
+                            continue
+                        return f"posenc's engine could not take its shapes ({type(e).__name__}: {e})"
+                    if extra and not ok:
+                        adapter.slices.remove(cast(str, part))        # this slice: the model's own function
+                    elif not ok:
+                        return "posenc's engine does not reproduce it " + ("bit for bit " if exact else "") + \
+                            "on random q and k"
     return ""
 
 
@@ -1254,7 +1349,8 @@ class _HFMropeTables(torch.nn.Module):
     def __init__(self, config: Any, assume_valid: bool) -> None:
         super().__init__()
         self.assume_valid = assume_valid
-        self.rope = MultimodalRotaryEmbedding.from_hf_config(config, max_seq_len=_rows(config))
+        with _silently():
+            self.rope = MultimodalRotaryEmbedding.from_hf_config(config, max_seq_len=_rows(config))
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` ``(B, S, d)`` (``[cos, cos]`` per row) for transformers' axes-first ``(3, B, S)``

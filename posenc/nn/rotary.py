@@ -212,6 +212,7 @@ class RotaryEmbedding(TableModule):
         max_seq_len: int = 4096,
         layout: str | None = None,
         backend: str = "auto",
+        rotary_slice: str | None = None,
         device: torch.device | str | None = None,
     ) -> RotaryEmbedding:
         """Build from a Hugging Face configuration: a ``PretrainedConfig`` or a ``config.json`` dict.
@@ -224,6 +225,10 @@ class RotaryEmbedding(TableModule):
         Keys posenc cannot honour raise :class:`ValueError` with the reason (multimodal RoPE: use
         :meth:`posenc.MultimodalRotaryEmbedding.from_hf_config`).
 
+        ``rotary_slice`` (default: from the model type) says which features of a wider head rotate:
+        DeepSeek-V4 (``model_type="deepseek_v4"``) rotates the trailing ones, every other model the
+        leading ones.
+
         A ``layout`` that contradicts the model type warns with :class:`posenc.LayoutWarning`: the
         checkpoint's weights rotate with the config's layout.  Fix: leave ``layout`` out, or convert
         the weights once with ``posenc.convert_rope_weight(w, num_heads, src=<config's>, dst=layout)``.
@@ -231,8 +236,10 @@ class RotaryEmbedding(TableModule):
         base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config, layer_type=layer_type)
         layout = core_hf_config.choose_rope_layout(config, layout, who="RotaryEmbedding.from_hf_config",
                                                    rotary_dim=rotary_dim)
+        if rotary_slice is None:
+            rotary_slice = core_hf_config.rope_slice_from_hf(config)
         return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, backend=backend,
-                   device=device)
+                   rotary_slice=rotary_slice, device=device)
 
     def reset_buffers(self) -> None:
         """(Re)build the tables in place, e.g. after meta-device construction and ``to_empty``."""
