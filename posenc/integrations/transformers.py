@@ -81,7 +81,6 @@ from posenc.core.rope import LongRopeScaling
 from posenc.functional import (
     alibi_bias,
     alibi_slopes,
-    apply_rope,
     apply_rope_qk,
     positions_from_mask,
     relative_position_bucket,
