@@ -10,12 +10,16 @@
 #    every kernel specialization;
 # 2. every section of benchmarks/gpu_rope.py against every installed peer (transformers eager and
 #    compiled, Liger-Kernel, FlashInfer, flash-attention's rotary; the absent ones are listed),
-#    the host cost of a decode call included.
+#    the host cost of a decode call included;
+# 3. benchmarks/bench_hf_decode.py on CUDA: a Llama's prefill and decode step unpatched and patched
+#    with each backend (cos/sin only, torch, triton), float32 and bfloat16, with a parity table
+#    against a second unpatched run (bfloat16 on CUDA is not bit-deterministic between two runs).
 #
 # The report starts with the date, the commit, the GPU and the versions, and is written as the run
 # goes: a run cut off (or stopped by the time limits below) still leaves what it measured.  Meant to
-# finish in about 6 minutes on one H100/H200: the tests get GPU_CHECK_TEST_S seconds (default 200)
-# and the benchmark GPU_CHECK_BENCH_S (default 240).  The script exits non-zero when a test or a
+# finish in about 6 minutes on one H100/H200, and stopped at 8 at most: the tests get GPU_CHECK_TEST_S
+# seconds (default 200), the kernel benchmark GPU_CHECK_BENCH_S (default 220) and the model benchmark
+# GPU_CHECK_HF_S (default 80).  The script exits non-zero when a test or a
 # benchmark section fails, and prints where the report is either way.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,16 +96,35 @@ echo "## Benchmarks (benchmarks/gpu_rope.py, every section)" >> "$report"
 echo >> "$report"
 echo "== benchmarks/gpu_rope.py" >&2
 start=$(date +%s)
-timeout "${GPU_CHECK_BENCH_S:-240}" $PY -u benchmarks/gpu_rope.py >> "$report" 2> "$logs/bench.err"
+timeout "${GPU_CHECK_BENCH_S:-220}" $PY -u benchmarks/gpu_rope.py >> "$report" 2> "$logs/bench.err"
 rc=$?
 echo >> "$report"
 echo "(benchmark: $(( $(date +%s) - start )) s)" >> "$report"
 if [ $rc -eq 124 ]; then
   status=1
-  echo "**The benchmark was stopped after ${GPU_CHECK_BENCH_S:-240} s; the sections above are complete.**" >> "$report"
+  echo "**The benchmark was stopped after ${GPU_CHECK_BENCH_S:-220} s; the sections above are complete.**" >> "$report"
 elif [ $rc -ne 0 ]; then
   status=1
   { echo; echo "**The benchmark failed (exit code $rc):**"; echo; echo '```'; tail -30 "$logs/bench.err"; echo '```'; } >> "$report"
+fi
+
+echo >> "$report"
+echo "## Inside a model (benchmarks/bench_hf_decode.py --device cuda)" >> "$report"
+echo >> "$report"
+echo "== benchmarks/bench_hf_decode.py" >&2
+start=$(date +%s)
+timeout "${GPU_CHECK_HF_S:-80}" $PY -u benchmarks/bench_hf_decode.py --device cuda --sizes 1024x4 \
+  --dtypes float32,bfloat16 --repeats 3 --min-time 0.05 --prefill 512 --batch 4 --steps 64 \
+  >> "$report" 2> "$logs/hf.err"
+rc=$?
+echo >> "$report"
+echo "(model benchmark: $(( $(date +%s) - start )) s)" >> "$report"
+if [ $rc -eq 124 ]; then
+  status=1
+  echo "**The model benchmark was stopped after ${GPU_CHECK_HF_S:-80} s; the rows above are complete.**" >> "$report"
+elif [ $rc -ne 0 ]; then
+  status=1
+  { echo; echo "**The model benchmark failed (exit code $rc):**"; echo; echo '```'; tail -30 "$logs/hf.err"; echo '```'; } >> "$report"
 fi
 
 echo >> "$report"

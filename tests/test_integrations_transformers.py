@@ -740,3 +740,20 @@ def test_deepseek_v4_is_patched_with_every_rotation_on_posenc_and_one_record(cap
         torch.testing.assert_close(a, b, rtol=0, atol=hf_zoo.ATOL)
     assert got[2] == want[2]
     unpatch_model(model)
+
+
+def test_patched_model_under_inference_mode():
+    """Inference tensors keep no version counter: the patched model still runs (and equals the unpatched
+    one) under torch.inference_mode, through posenc's rotation."""
+    cls, make = FAMILIES["llama"]
+    torch.manual_seed(0)
+    model = cls(make()).eval()
+    ids = torch.randint(0, 96, (2, 12))
+    with torch.inference_mode():
+        want = model(ids).logits
+        steps = model.generate(ids, max_new_tokens=4, do_sample=False)
+    patch_model(model)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=1e-5)
+        assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False), steps)
+    unpatch_model(model)

@@ -529,7 +529,8 @@ class _RotaryAdapter(torch.nn.Module):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: Any = None, **kwargs: Any) -> Any:
         out, entry = self.compute(x, position_ids, layer_type, self.fast)
         if entry is not None:
-            entry.versions = (out[0]._version, out[1]._version)     # (an in-place change later retires the entry)
+            # (an in-place change later retires the entry; inference tensors keep no version counter)
+            entry.versions = None if out[0].is_inference() else (out[0]._version, out[1]._version)
             setattr(out[0], _ENTRY, entry)
         return out
 
@@ -983,8 +984,9 @@ class _FastEntry:
 
     __slots__ = ("layout", "dim", "mix", "by_axis", "widen", "partner", "dtype", "length", "partial", "versions",
                  "sign", "any_rows")
-    #: the version counters of the cos and sin returned with the entry (set by the module's forward)
-    versions: tuple[int, int]
+    #: the version counters of the cos and sin returned with the entry (set by the module's forward; None
+    #: for inference tensors, which keep none: under ``torch.inference_mode`` an in-place change goes unseen)
+    versions: tuple[int, int] | None
 
     def __init__(self, layout: str, dim: int, mix: torch.Tensor, widen: bool, cos: torch.Tensor, sin: torch.Tensor,
                  partial: str | bool, sign: int = 1, any_rows: bool = False) -> None:
@@ -1131,7 +1133,7 @@ class _FastRotate:
                 unsqueeze = self.unsqueeze if len(args) == 4 and not kwargs else self._unsqueeze(args, kwargs)
                 out = None
                 if unsqueeze == 1 or unsqueeze == 2:
-                    if entry.partner is sin and entry.versions == (cos._version, sin._version):
+                    if entry.partner is sin and (entry.versions is None or entry.versions == (cos._version, sin._version)):
                         out = entry.rotate(q, k, unsqueeze)                  # the module's own cos/sin, as returned
                     elif entry.any_rows:
                         out = entry.rotate_rows((q, k), cos, sin, unsqueeze)   # other rows, or changed ones
@@ -1159,7 +1161,7 @@ class _FastRotateOne(_FastRotate):
                 unsqueeze = self._unsqueeze(args, kwargs)
                 out = None
                 if unsqueeze == 1 or unsqueeze == 2:
-                    if entry.partner is sin and entry.versions == (cos._version, sin._version):
+                    if entry.partner is sin and (entry.versions is None or entry.versions == (cos._version, sin._version)):
                         out = entry.rotate_one(x, unsqueeze)
                     elif entry.any_rows:
                         got = entry.rotate_rows((x,), cos, sin, unsqueeze)
