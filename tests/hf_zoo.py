@@ -93,8 +93,8 @@ def _shrink(config: Any, seen: set[int]) -> None:
         params = getattr(config, key, None)
         if not isinstance(params, dict):
             continue
-        half = int(16 * float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)
-                                      or 1.0))) // 2
+        half = int(_head(config) * float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor",
+                                                                                 1.0) or 1.0))) // 2
         if isinstance(params.get("mrope_section"), list):
             params["mrope_section"] = _sections(params["mrope_section"], half)
     kv = getattr(config, "num_key_value_heads", None)
@@ -141,6 +141,12 @@ def _keep_rotary_pairs(config: Any) -> None:
                     d["partial_rotary_factor"] = 0.25
 
 
+def _head(config: Any) -> int:
+    """The shrunk head dim (16, unless the shrink set another)."""
+    head = vars(config).get("head_dim")
+    return head if isinstance(head, int) and not isinstance(head, bool) and head > 0 else 16
+
+
 def _sections(section: list[int], half: int) -> list[int]:
     """Multimodal RoPE sections scaled to ``half`` frequency slots (head_dim 16)."""
     total = sum(section)
@@ -180,7 +186,7 @@ def _mrope_defaults(model_type: str, config: Any, seen: set[int]) -> None:
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params and params.get("mrope_section") is None \
             and hasattr(config, "vocab_size"):
-        half = int(16 * float(params.get("partial_rotary_factor", 1.0) or 1.0)) // 2
+        half = int(_head(config) * float(params.get("partial_rotary_factor", 1.0) or 1.0)) // 2
         if half < 4:
             config.head_dim = 32
             half *= 2

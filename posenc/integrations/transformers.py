@@ -21,9 +21,10 @@ version of each, and checks it against the module's own output before it changes
   posenc's exact M-RoPE cos/sin (:class:`posenc.MultimodalRotaryEmbedding`) for the ``(3, B, S)``
   positions the model computes (``get_rope_index`` and its rope deltas are the model's own);
 - **ALiBi** (BLOOM, MPT): the bias comes from :func:`posenc.alibi_bias` with posenc's slopes;
-- **T5 family** (T5, mT5, UMT5, Switch, UDOP, Pop2Piano, Pix2Struct, LongT5's full attention): the
-  bucketed relative bias comes from :func:`posenc.relative_position_bucket` and the model's own bias
-  weights (so training still updates them).
+- **T5 family** (T5, mT5, UMT5, Switch, UDOP, Pop2Piano, Pix2Struct, LongT5's full attention), and
+  MPNet's ``compute_position_bias`` (the same buckets): the bucketed relative bias comes from
+  :func:`posenc.relative_position_bucket` and the model's own bias weights (so training still updates
+  them).
 
 The self-check: before anything is changed, posenc's output is compared with the module's original
 output (on a copy, so state such as dynamic NTK's cache is untouched) at positions near 0, around
@@ -337,6 +338,9 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
             and hasattr(module, "relative_attention_bias"):
         params = list(inspect.signature(cls.compute_bias).parameters)
         return "t5" if params[1:3] == ["query_length", "key_length"] else None
+    if hasattr(cls, "compute_position_bias") and hasattr(module, "relative_attention_bias") \
+            and list(inspect.signature(cls.compute_position_bias).parameters)[1:4] == ["x", "position_ids", "num_buckets"]:
+        return "mpnet"                               # MPNet: T5's bidirectional buckets under another name
     if not ("Rotary" in cls.__name__ and callable(getattr(cls, "forward", None))):
         return None
     try:
@@ -597,6 +601,8 @@ def _layer_types(module: torch.nn.Module, config: Any) -> list[str | None]:
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and kinds and not all(k in params for k in kinds):
         return [None]                                # one set of parameters for every layer type
+    if isinstance(params, dict):                     # layer types without rotary embedding (NoPE layers)
+        kinds = [k for k in kinds if params.get(k) is not None] or kinds
     return list(kinds) or [None]
 
 
@@ -1632,8 +1638,39 @@ def _plan_t5(module: Any, where: str, model: torch.nn.Module, assume_valid: bool
     return _Plan(module, "t5", {"compute_bias": _Call(module, _t5_bias)}, note="T5 relative bias")
 
 
+def _mpnet_bias(owner: Any, x: torch.Tensor, position_ids: torch.Tensor | None = None,
+                num_buckets: int = 32) -> torch.Tensor:
+    """MPNet's ``compute_position_bias``: T5's bidirectional buckets (maximum distance 128) of key minus query
+    position over the model's bias weights, ``(B, H, S, S)``."""
+    bsz, length = x.size(0), x.size(1)
+    if position_ids is not None:
+        queries, keys = position_ids[:, :, None], position_ids[:, None, :]
+    else:
+        queries = torch.arange(length, dtype=torch.long, device=x.device)[:, None]
+        keys = torch.arange(length, dtype=torch.long, device=x.device)[None, :]
+    buckets = relative_position_bucket(keys - queries, bidirectional=True, num_buckets=num_buckets,
+                                       max_distance=128)
+    values = owner.relative_attention_bias(buckets).permute([2, 0, 1]).unsqueeze(0)      # (1, H, S, S)
+    return values.expand((bsz, -1, length, length)).contiguous()
+
+
+def _plan_mpnet(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    device = module.relative_attention_bias.weight.device
+    for length in (1, 7, 40, 300):
+        x = torch.zeros(2, length, 1, device=device)
+        with torch.no_grad():
+            want = type(module).compute_position_bias(module, x)
+            got = _mpnet_bias(module, x)
+        if want.shape != got.shape or not torch.equal(want, got):
+            raise ValueError(f"patch_model: {where}: posenc's relative position buckets do not reproduce the model's "
+                             f"compute_position_bias for {length} tokens; the model is left unpatched")
+    return _Plan(module, "mpnet", {"compute_position_bias": _Call(module, _mpnet_bias)},
+                 note="relative position bias (T5's buckets)")
+
+
 _PLANNERS: dict[str, Callable[[torch.nn.Module, str, torch.nn.Module, bool], _Plan]] = {
     "rotary": _plan_rotary, "mrope": _plan_mrope, "bloom": _plan_bloom, "mpt": _plan_mpt, "t5": _plan_t5,
+    "mpnet": _plan_mpnet,
 }
 
 
