@@ -203,8 +203,10 @@ def test_the_patched_model_runs_posencs_code(name, monkeypatch):
         return wrapper
 
     monkeypatch.setattr(integration._RotaryTables, "forward", counting(integration._RotaryTables.forward))
+    from posenc.integrations.transformers import _bias
+
     for fn in ("alibi_bias", "relative_position_bucket"):
-        monkeypatch.setattr(integration, fn, counting(getattr(integration, fn)))
+        monkeypatch.setattr(_bias, fn, counting(getattr(_bias, fn)))
     model = patch_model(_build(name))
     with torch.no_grad():
         ids = torch.randint(1, 96, (1, 6))

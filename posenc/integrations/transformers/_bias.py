@@ -1,0 +1,157 @@
+"""Attention biases: ALiBi (BLOOM, MPT), T5's relative position buckets, and MPNet's (the same buckets)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+
+from posenc._torch.angles import angle_dtype
+from posenc.functional import (
+    alibi_bias,
+    alibi_slopes,
+    positions_from_mask,
+    relative_position_bucket,
+)
+from posenc.integrations.transformers._common import _ULP
+from posenc.integrations.transformers._selfcheck import _host
+from posenc.integrations.transformers._state import _Call, _Plan
+
+# ---- ALiBi: BLOOM and MPT -------------------------------------------------------------------------------------
+
+def _bloom_alibi(owner: Any, attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    positions = positions_from_mask(attention_mask != 0)                    # (B, S_k): pads get 0
+    slopes = alibi_slopes(num_heads, dtype=angle_dtype(attention_mask.device), device=attention_mask.device)
+    zero = torch.zeros(positions.shape[0], 1, dtype=torch.long, device=positions.device)
+    bias = alibi_bias(zero, positions, slopes, dtype=torch.float32)         # (B, H, 1, S_k): slope * key pos
+    return bias.reshape(-1, 1, positions.shape[-1]).to(dtype)
+
+
+def _bloom_forward(owner: Any, *args: Any, **kwargs: Any) -> Any:
+    """BLOOM (transformers 5) builds its ALiBi inline when no attention mask is given; an all-ones
+    mask (the same attention) routes it through ``build_alibi_tensor``."""
+    forward = type(owner).forward
+    bound = inspect.signature(forward).bind_partial(owner, *args, **kwargs)
+    given = bound.arguments
+    extra = given.get("kwargs") or {}                   # (transformers >= 5.24 names the cache ``cache``)
+    caches = (given.get("cache"), given.get("past_key_values"), extra.get("cache"), extra.get("past_key_values"))
+    cache = next((c for c in caches if c is not None), None)
+    if given.get("attention_mask") is None and (cache is None or hasattr(cache, "get_seq_length")):
+        ref: Any = given.get("input_ids") if given.get("input_ids") is not None else given.get("inputs_embeds")
+        past = cache.get_seq_length() if cache is not None else 0
+        given["attention_mask"] = torch.ones(ref.shape[0], past + ref.shape[1], dtype=torch.long, device=ref.device)
+    return forward(*bound.args, **bound.kwargs)
+
+
+def _close_to(got: torch.Tensor, want: torch.Tensor, ulps: float) -> bool:
+    if got.shape != want.shape:
+        return False
+    g, w = _host(got), _host(want)
+    return bool((np.abs(g - w) <= ulps * _ULP * np.abs(w) + 1e-30).all())
+
+
+def _plan_bloom(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    heads = int(getattr(module, "num_heads", 0) or getattr(getattr(module, "config", None), "n_head", 0) or 0)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    for n in sorted({heads, 4, 6} - {0}):
+        want = type(module).build_alibi_tensor(module, mask, n, torch.float32) \
+            if "self" in inspect.signature(type(module).build_alibi_tensor).parameters else \
+            type(module).build_alibi_tensor(mask, n, torch.float32)
+        got = _bloom_alibi(module, mask, n, torch.float32)
+        if not _close_to(got, want, 4):
+            raise ValueError(f"patch_model: {where}: posenc's ALiBi bias for {n} heads does not reproduce the model's "
+                             f"build_alibi_tensor; the model is left unpatched")
+    return _Plan(module, "bloom", {"build_alibi_tensor": _Call(module, _bloom_alibi),
+                                   "forward": _Call(module, _bloom_forward)}, note="ALiBi")
+
+
+def _mpt_alibi(owner: Any, num_heads: int, sequence_length: int, alibi_bias_max: int = 8,
+               device: Any = None) -> torch.Tensor:
+    slopes = alibi_slopes(num_heads, dtype=angle_dtype(device), device=device)
+    last = torch.tensor([sequence_length - 1], device=device)
+    keys = torch.arange(sequence_length, device=device)
+    return alibi_bias(last, keys, slopes, dtype=torch.float32)               # (H, 1, L): slope * (j - L + 1)
+
+
+def _plan_mpt(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    # transformers calls build_mpt_alibi_tensor with its default alibi_bias_max=8 whatever the config says
+    # (attn_config.alibi_bias_max is not passed on), so the check is against what the model computes.
+    heads = int(getattr(module, "num_heads", 0) or getattr(getattr(model, "config", None), "n_heads", 0) or 0)
+    length = 40
+    for n in sorted({heads, 4} - {0}):
+        want = type(module).build_mpt_alibi_tensor(module, n, length, device=None)
+        got = _mpt_alibi(module, n, length)
+        if not _close_to(got, want.to(got.dtype), 4):
+            raise ValueError(f"patch_model: {where}: MPT's ALiBi slopes for {n} heads differ from the ALiBi paper's "
+                             f"(posenc's); the model is left unpatched")
+    return _Plan(module, "mpt", {"build_mpt_alibi_tensor": _Call(module, _mpt_alibi)}, note="ALiBi")
+
+
+# ---- T5 family -------------------------------------------------------------------------------------------------
+
+def _t5_bias(owner: Any, query_length: int, key_length: int, device: Any = None, past_seen_tokens: int = 0,
+             cache_position: torch.Tensor | None = None) -> torch.Tensor:
+    device = owner.relative_attention_bias.weight.device if device is None else device
+    if cache_position is not None:                                           # transformers 4.x
+        queries = cache_position.to(device)
+    else:
+        queries = torch.arange(query_length, dtype=torch.long, device=device) + past_seen_tokens
+    keys = torch.arange(key_length, dtype=torch.long, device=device)
+    buckets = relative_position_bucket(keys[None, :] - queries[:, None], bidirectional=not owner.is_decoder,
+                                       num_buckets=owner.relative_attention_num_buckets,
+                                       max_distance=owner.relative_attention_max_distance)
+    values = owner.relative_attention_bias(buckets)                           # (S, S_k, H), the model's weights
+    return values.permute(2, 0, 1).unsqueeze(0)                              # (1, H, S, S_k)
+
+
+def _plan_t5(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    buckets = int(module.relative_attention_num_buckets)
+    distance = int(module.relative_attention_max_distance)
+    exact = (buckets // 2 if not module.is_decoder else buckets) // 2
+    if distance <= exact:
+        raise ValueError(
+            f"patch_model: {where}: relative_attention_max_distance={distance} must exceed the exact range {exact} "
+            f"(half the {'' if module.is_decoder else 'per-direction '}buckets of relative_attention_num_buckets="
+            f"{buckets}): the logarithmic buckets divide by log(max_distance / exact range), which is 0 here; set "
+            f"relative_attention_max_distance > {exact}; the model is left unpatched")
+    for q, k, past in ((7, 7, 0), (1, 40, 39), (5, 300, 295), (3, 2 * distance + 3, 0)):
+        with torch.no_grad():
+            want = type(module).compute_bias(module, q, k, past_seen_tokens=past) if past else \
+                type(module).compute_bias(module, q, k)
+            got = _t5_bias(module, q, k, past_seen_tokens=past)
+        if want.shape != got.shape or not torch.equal(want, got):
+            raise ValueError(f"patch_model: {where}: posenc's relative position buckets do not reproduce the model's "
+                             f"compute_bias for {q} queries after {past} and {k} keys; the model is left unpatched")
+    return _Plan(module, "t5", {"compute_bias": _Call(module, _t5_bias)}, note="T5 relative bias")
+
+
+def _mpnet_bias(owner: Any, x: torch.Tensor, position_ids: torch.Tensor | None = None,
+                num_buckets: int = 32) -> torch.Tensor:
+    """MPNet's ``compute_position_bias``: T5's bidirectional buckets (maximum distance 128) of key minus query
+    position over the model's bias weights, ``(B, H, S, S)``."""
+    bsz, length = x.size(0), x.size(1)
+    if position_ids is not None:
+        queries, keys = position_ids[:, :, None], position_ids[:, None, :]
+    else:
+        queries = torch.arange(length, dtype=torch.long, device=x.device)[:, None]
+        keys = torch.arange(length, dtype=torch.long, device=x.device)[None, :]
+    buckets = relative_position_bucket(keys - queries, bidirectional=True, num_buckets=num_buckets,
+                                       max_distance=128)
+    values = owner.relative_attention_bias(buckets).permute([2, 0, 1]).unsqueeze(0)      # (1, H, S, S)
+    return values.expand((bsz, -1, length, length)).contiguous()
+
+
+def _plan_mpnet(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    device = module.relative_attention_bias.weight.device
+    for length in (1, 7, 40, 300):
+        x = torch.zeros(2, length, 1, device=device)
+        with torch.no_grad():
+            want = type(module).compute_position_bias(module, x)
+            got = _mpnet_bias(module, x)
+        if want.shape != got.shape or not torch.equal(want, got):
+            raise ValueError(f"patch_model: {where}: posenc's relative position buckets do not reproduce the model's "
+                             f"compute_position_bias for {length} tokens; the model is left unpatched")
+    return _Plan(module, "mpnet", {"compute_position_bias": _Call(module, _mpnet_bias)},
+                 note="relative position bias (T5's buckets)")
