@@ -7,7 +7,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -85,3 +85,20 @@ def _silently() -> Iterator[None]:
         yield
     finally:
         _log.removeFilter(silent)
+
+
+class Route(NamedTuple):
+    """Where a patched model's rotation goes through posenc: the modeling module and the name of its rotate
+    function that the stand-in replaces, and the engine (``backend``) it rotates with."""
+
+    module: str
+    function: str
+    backend: str
+
+
+#: The cos/sin formats of rotary modules (how a module lays out a position's row; not a pair layout):
+#: ``"doubled"`` ``[cos, cos]`` per row, ``"repeated"`` each value twice, ``"narrow"`` half width,
+#: ``"sin_cos"`` ``(sin, cos)`` half width, ``"complex"`` ``exp(i angle)``.
+_FORMATS = ("doubled", "repeated", "narrow", "sin_cos", "complex")
+#: Format names of patches saved by earlier versions, which named them after the pair layouts.
+_RENAMED_FORMATS = {"half": "doubled", "pairs": "repeated"}

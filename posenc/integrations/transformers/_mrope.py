@@ -101,7 +101,7 @@ def _plan_mrope(module: Any, where: str, model: torch.nn.Module, assume_valid: b
 def _verify_mrope(module: torch.nn.Module, tables: _HFMropeTables, config: Any) -> tuple[str | None, str]:
     """The module's output format, or None and what disagreed."""
     problem = ""
-    for fmt in ("half", "pairs", "narrow"):
+    for fmt in ("doubled", "repeated", "narrow"):
         problem = _verify_mrope_format(module, tables, config, fmt) or ""
         if not problem:
             return fmt, ""
@@ -176,7 +176,7 @@ def _plan_axial(module: Any, where: str, model: torch.nn.Module) -> _Plan | str:
         rope = RotaryEmbedding(dim // 2, base=float(base), max_seq_len=64, device=device)
     except (ValueError, TypeError) as e:
         return f"posenc cannot build its rule ({e})"
-    for fmt, axes_first in ((f, a) for a in (False, True) for f in ("half", "narrow", "pairs")):
+    for fmt, axes_first in ((f, a) for a in (False, True) for f in ("doubled", "narrow", "repeated")):
         adapter = _AxialAdapter(rope, fmt, axes_first)
         ok = True
         for start in (0, 90, 1000):

@@ -227,7 +227,8 @@ def _log_plans(model: torch.nn.Module, plans: list[_Plan]) -> None:
                           ("adjacent features (2i, 2i + 1)" if layout == "interleaved" else "features (i, i + d/2)"))
         routed = [a.fast for a in generic if a.fast is not None]
         if routed and len(routed) == len(adapters):
-            rotation = f"posenc rotates q and k in this layout (the same roundings as the model's own {routed[0][1]})"
+            rotation = (f"posenc rotates q and k in this layout (the same roundings as the model's own "
+                        f"{routed[0].function})")
         else:
             whys = sorted({a.why_not_fast for a in generic if a.fast is None})
             rotation = ("the model's own attention code rotates q and k in this layout" +

@@ -13,7 +13,15 @@ from posenc._torch.backend import kernel_possible
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core.rope import LongRopeScaling
-from posenc.integrations.transformers._common import _config_of, _layer_types, _rows, _silently
+from posenc.integrations.transformers._common import (
+    _FORMATS,
+    _RENAMED_FORMATS,
+    Route,
+    _config_of,
+    _layer_types,
+    _rows,
+    _silently,
+)
 from posenc.integrations.transformers._layout import rotation_layout
 from posenc.integrations.transformers._selfcheck import (
     _angle_scale,
@@ -61,6 +69,9 @@ class _RotaryTables(TableModule):
         super().__setstate__(state)
         # (tables saved by an earlier posenc: the attributes it did not have, and no factor table)
         self._buffers.setdefault("mix", None)
+        mix_format = vars(self).get("mix_format")
+        if mix_format is not None:
+            self.mix_format = (_RENAMED_FORMATS.get(mix_format[0], mix_format[0]), *mix_format[1:])
         rope = self.rope
         for name, value in (("mix_format", None), ("rows", int(self.cos.shape[0])), ("dim", rope.dim),
                             ("length_dependent", bool(rope.length_dependent))):
@@ -138,17 +149,16 @@ def _to_format(cos: torch.Tensor, sin: torch.Tensor, fmt: str, dtype: torch.dtyp
     """posenc's ``(..., dim/2)`` cos/sin in the format a model's rotary module returns."""
     if fmt == "complex":
         return torch.complex(cos.float(), sin.float()) if dtype != torch.float64 else torch.complex(cos, sin)
-    if fmt == "half":
+    if fmt == "doubled":
         cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
-    elif fmt == "pairs":
+    elif fmt == "repeated":
         cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
     if fmt == "sin_cos":
         return sin.to(dtype), cos.to(dtype)
     return cos.to(dtype), sin.to(dtype)
 
 
-_FORMATS = ("half", "pairs", "narrow", "sin_cos", "complex")
-_FORMAT_WORDS = {"half": "[cos, cos] per row", "pairs": "each value twice", "narrow": "half width",
+_FORMAT_WORDS = {"doubled": "[cos, cos] per row", "repeated": "each value twice", "narrow": "half width",
                  "sin_cos": "(sin, cos), half width", "complex": "complex exp(i angle)"}
 
 
@@ -163,7 +173,7 @@ class _RotaryAdapter(torch.nn.Module):
         self.layout: str | None = None
         self.layout_source = ""
         #: (modeling module name, function name, backend) when the rotation is routed through posenc
-        self.fast: tuple[str, str, str] | None = None
+        self.fast: Route | None = None
         #: why the model's own code rotates q and k (for the log), when it does
         self.why_not_fast = "backend=None"
         #: how posenc mixes the pairs where it rotates (found at patch time): the layout of
@@ -187,7 +197,7 @@ class _RotaryAdapter(torch.nn.Module):
         return out
 
     def compute(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: Any,
-                fast: tuple[str, str, str] | None) -> tuple[Any, _FastEntry | None]:
+                fast: Route | None) -> tuple[Any, _FastEntry | None]:
         """The module's output and, with ``fast`` (and not tracing), what rotates q and k with it."""
         tables = self._modules["tables"]._modules                       # type: ignore[union-attr]
         key = str(layer_type)
@@ -199,7 +209,7 @@ class _RotaryAdapter(torch.nn.Module):
         if fast is None or _is_compiling():
             cos, sin = table(position_ids, x.dtype)
             return _to_format(cos, sin, self.fmt, x.dtype), None
-        backend, dtype, layout = fast[2], x.dtype, self.mix_layout
+        backend, dtype, layout = fast.backend, x.dtype, self.mix_layout
         # the kernel: plain rotations, one row set for the batch (per-row positions: the torch engine)
         if (position_ids.dim() == 2 and position_ids.shape[0] == 1 and kernel_possible(backend, x) and self.sign == 1
                 and layout == self.layout):
@@ -231,9 +241,11 @@ class _RotaryAdapter(torch.nn.Module):
             vars(self).setdefault(name, value)
         if self.partial is True:                                   # (the leading features, as it then meant)
             self.partial = "first"
+        self.fmt = _RENAMED_FORMATS.get(self.fmt, self.fmt)
         fast = getattr(self, "fast", None)
         if fast is not None:                                       # a copy or a loaded model: route it again
-            _install_fast(fast[0], fast[1], self)
+            self.fast = fast = Route(*fast)                        # (a plain tuple in earlier versions)
+            _install_fast(fast.module, fast.function, self)
 
 
 def _rotary_forward(owner: Any, *args: Any, **kwargs: Any) -> Any:

@@ -28,6 +28,7 @@ from posenc._torch.backend import kernel_possible
 from posenc.functional import (
     apply_rope_qk,
 )
+from posenc.integrations.transformers._common import Route
 from posenc.integrations.transformers._layout import _ROTATE_FUNCTIONS
 from posenc.kernels.torch_mix import mix_rows, mix_view, rotate_mixed
 
@@ -286,7 +287,7 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
     why = ""
     if code is None:
         why = "its modeling code is not loaded"
-    elif adapter.fmt not in ("half", "pairs", "narrow") or adapter.layout is None or fn is None:
+    elif adapter.fmt not in ("doubled", "repeated", "narrow") or adapter.layout is None or fn is None:
         why = "its rotate function takes neither (q, k, cos, sin) nor (x, cos, sin) with real cos/sin"
     elif not callable(fn) or (list(inspect.signature(fn).parameters)[:4] != ["q", "k", "cos", "sin"]
                               and not _takes_one(fn)):
@@ -299,8 +300,7 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
         adapter.why_not_fast = why                                       # (said in patch_model's log record)
         return
     module_name = type(module).__module__
-    adapter.fast = (module_name, name, backend)
-    plan.fast = (module_name, name)
+    adapter.fast = plan.fast = Route(module_name, name, backend)
 
 
 def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) -> str:
@@ -351,7 +351,7 @@ def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, d
     ``adapter.slices`` that ``fn`` does not rotate as posenc would is dropped from it; random half-width
     rows that posenc does not rotate as ``fn`` does clear ``adapter.any_rows``."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    fast = ("", "", backend)
+    fast = Route("", "", backend)
     exact = not kernel_possible(backend, cast("_RotaryTables", next(iter(adapter.tables.values()))).cos)
     one = _takes_one(fn)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from posenc.integrations.transformers._common import _PATCH
+from posenc.integrations.transformers._common import _PATCH, Route
 from posenc.integrations.transformers._stand_in import _install_fast, _uninstall_fast
 
 # ---- patch records: plain data on each patched module, picklable and copyable ---------------------------
@@ -43,12 +43,12 @@ class _Plan:
     def __init__(self, module: torch.nn.Module, kind: str, methods: dict[str, Callable[..., Any]],
                  submodule: tuple[str, torch.nn.Module] | None = None, note: str = "") -> None:
         self.module, self.kind, self.methods, self.submodule, self.note = module, kind, methods, submodule, note
-        self.fast: tuple[str, str] | None = None
+        self.fast: Route | None = None
 
     def apply(self) -> None:
         record = _Patch(self.kind)
         if self.fast is not None and self.submodule is not None:
-            _install_fast(*self.fast, self.submodule[1])
+            _install_fast(self.fast.module, self.fast.function, self.submodule[1])
         if self.submodule is not None:
             name, sub = self.submodule
             self.module.add_module(name, sub)
@@ -73,7 +73,7 @@ def _unpatch_module(module: torch.nn.Module) -> None:
         sub = module._modules.pop(record.submodule, None)
         fast = getattr(sub, "fast", None)
         if fast is not None and sub is not None:
-            _uninstall_fast(fast[0], fast[1], sub)
+            _uninstall_fast(fast.module, fast.function, sub)
 
 
 def _is_patched(module: torch.nn.Module) -> bool:
