@@ -33,7 +33,7 @@ def _check_seq_len(seq_len):
 class RotaryEmbedding(PositionsLayer):
     """Rotates queries and keys; same arguments and defaults as :class:`posenc.nn.RotaryEmbedding`.
 
-    ``call(q, k, positions=None, offset=0, seq_dim=-2, seq_len=None)`` returns ``(q, k)``;
+    ``call(q, k, positions=None, offset=0, seq_dim=-2, seq_len=None, inverse=False)`` returns ``(q, k)``;
     ``call(q)`` returns the rotated ``q`` alone (the torch module returns ``(q, None)``, but a Keras
     graph output must be a tensor).
     cos/sin tables for ``max_seq_len`` positions are computed at construction from exact angles
@@ -56,9 +56,10 @@ class RotaryEmbedding(PositionsLayer):
 
     def __init__(self, dim: int, *, max_seq_len: int = 4096, base: float = 10000.0, layout: str = "half",
                  scaling: core_rope.RopeScaling | dict | None = None, xpos_scale_base: float | None = None,
-                 **kwargs) -> None:
+                 rotary_slice: str = "first", **kwargs) -> None:
         super().__init__(**kwargs)
         self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
+        self.rotary_slice = _validate.check_choice("rotary_slice", rotary_slice, ("first", "last"))
         self.scaling = core_rope.scaling_from_config(scaling)
         self.xpos_scale_base = None if xpos_scale_base is None else _validate.check_float(
             "xpos_scale_base", xpos_scale_base, positive=True)
@@ -104,8 +105,10 @@ class RotaryEmbedding(PositionsLayer):
             cos, sin = ops.where(longer, cos_l, cos), ops.where(longer, sin_l, sin)
         return cos, sin
 
-    def _rotate(self, x, cos, sin, key: bool, positions, seq_axis: int):
+    def _rotate(self, x, cos, sin, key: bool, positions, seq_axis: int, inverse: bool = False):
         h = self.dim // 2
+        if inverse:                                       # by -theta: the transpose
+            sin = -sin
         if self.xpos_scale_base is not None:
             log_zeta = ops.convert_to_tensor(np.log(core_rope.xpos_zeta(self.dim)).astype(np.float32))
             power = ops.expand_dims(ops.cast(positions, "float32"), -1) / self.xpos_scale_base
@@ -113,7 +116,8 @@ class RotaryEmbedding(PositionsLayer):
             scale = self._broadcast(scale, ops.ndim(x), seq_axis, positions)
             cos, sin = cos * scale, sin * scale
         x32 = ops.cast(x, "float32")
-        rot, rest = x32[..., : 2 * h], x32[..., 2 * h :]
+        last = self.rotary_slice == "last"
+        rot, rest = (x32[..., -2 * h :], x32[..., : -2 * h]) if last else (x32[..., : 2 * h], x32[..., 2 * h :])
         if self.layout == "half":
             x1, x2 = rot[..., :h], rot[..., h:]
             out = ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -121,8 +125,8 @@ class RotaryEmbedding(PositionsLayer):
             pairs = ops.reshape(rot, (*ops.shape(rot)[:-1], h, 2))
             x1, x2 = pairs[..., 0], pairs[..., 1]
             out = ops.reshape(ops.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1), ops.shape(rot))
-        if x.shape[-1] is not None and x.shape[-1] > 2 * h:
-            out = ops.concatenate([out, rest], axis=-1)
+        if x.shape[-1] is None or x.shape[-1] > 2 * h:
+            out = ops.concatenate([rest, out] if last else [out, rest], axis=-1)
         return ops.cast(out, self.compute_dtype)
 
     @staticmethod
@@ -152,18 +156,20 @@ class RotaryEmbedding(PositionsLayer):
         positions, offset = check_position_args(positions, offset, shape, seq_axis)
         return seq_axis, positions, offset, _check_seq_len(seq_len)
 
-    def call(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None):
+    def call(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None, inverse: bool = False):
         seq_axis, positions, offset, seq_len = self._check_call(q, k, positions, offset, seq_dim, seq_len)
+        inverse = _validate.check_bool("inverse", inverse)
         ndim = len(q.shape)
         pos = positions_or_range(positions, ops.shape(q)[seq_axis], offset)
         cos, sin = self._cos_sin(pos, seq_len)
         cos, sin = self._broadcast(cos, ndim, seq_axis, pos), self._broadcast(sin, ndim, seq_axis, pos)
-        q_out = self._rotate(q, cos, sin, False, pos, seq_axis)
+        q_out = self._rotate(q, cos, sin, False, pos, seq_axis, inverse)
         if k is None:
             return q_out                     # Keras graph outputs must be tensors: no (q, None) pair
-        return q_out, self._rotate(k, cos, sin, True, pos, seq_axis)
+        return q_out, self._rotate(k, cos, sin, True, pos, seq_axis, inverse)
 
-    def compute_output_spec(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None):
+    def compute_output_spec(self, q, k=None, positions=None, offset: int = 0, seq_dim: int = -2, seq_len=None,
+                            inverse: bool = False):
         self._check_call(q, k, positions, offset, seq_dim, seq_len)                      # static checks only
         spec = keras.KerasTensor(q.shape, dtype=self.compute_dtype)
         return spec if k is None else (spec, keras.KerasTensor(k.shape, dtype=self.compute_dtype))
@@ -171,4 +177,4 @@ class RotaryEmbedding(PositionsLayer):
     def get_config(self) -> dict:
         return {**super().get_config(), "dim": self.dim, "max_seq_len": self.max_seq_len, "base": self.base,
                 "layout": self.layout, "scaling": core_rope.scaling_to_config(self.scaling),
-                "xpos_scale_base": self.xpos_scale_base}
+                "xpos_scale_base": self.xpos_scale_base, "rotary_slice": self.rotary_slice}

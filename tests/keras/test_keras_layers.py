@@ -224,3 +224,23 @@ def test_longrope_attention_factor_switches_with_the_factors():
         angle = pos[:, None] * theta / ext
         np.testing.assert_allclose(c, m * np.cos(angle), rtol=0, atol=1e-6)
         np.testing.assert_allclose(s, m * np.sin(angle), rtol=0, atol=1e-6)
+
+
+def test_trailing_slice_and_inverse_match_torch():
+    """rotary_slice="last" and inverse=True as in the torch module (DeepSeek-V4's two operations), and a
+    round trip through the config."""
+    torch = pytest.importorskip("torch")
+    import posenc
+
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 12)).astype(np.float32)
+    for layout in ("half", "interleaved"):
+        ours = pk.RotaryEmbedding(8, max_seq_len=32, layout=layout, rotary_slice="last")
+        ours = pk.RotaryEmbedding.from_config(ours.get_config())
+        ref = posenc.RotaryEmbedding(8, max_seq_len=32, layout=layout, rotary_slice="last")
+        for inverse in (False, True):
+            got = np_(ours(ops.convert_to_tensor(x), offset=3, inverse=inverse))
+            want = ref(torch.from_numpy(x), offset=3, inverse=inverse)[0].numpy()
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+            np.testing.assert_array_equal(got[..., :4], x[..., :4])
+    with pytest.raises(ValueError, match="rotary_slice"):
+        pk.RotaryEmbedding(8, rotary_slice="middle")
