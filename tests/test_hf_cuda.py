@@ -60,3 +60,28 @@ def test_bfloat16_patched_runs_vary_no_more_than_unpatched_ones(name):
     unpatch_model(model)
     scale = float(first.abs().max())
     assert float((patched - first).abs().max()) <= max(noise, 2 ** -7 * scale), (noise, scale)
+
+
+def test_deepseek_v4_on_the_kernel_equals_the_model():
+    """DeepSeek-V4's rotations (the trailing slice of q and the shared KV, the compressed keys, and the
+    output rotated back with -sin) on the Triton kernel, none through the model's own function; float32
+    logits and greedy tokens equal the unpatched model's."""
+    import sys
+
+    from tests import hf_zoo
+
+    model = hf_zoo.build("deepseek_v4").to("cuda")
+    ids = torch.randint(3, 150, (2, 64), device="cuda")
+    tokens, logits = _run(model, ids)
+    patch_model(model, backend="triton")
+    stand_in = sys.modules[type(model.model.rotary_emb).__module__].apply_rotary_pos_emb
+    original, calls = stand_in.original, []
+    stand_in.original = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        p_tokens, p_logits = _run(model, ids)
+    finally:
+        stand_in.original = original
+    unpatch_model(model)
+    assert not calls
+    assert torch.equal(tokens, p_tokens)
+    torch.testing.assert_close(p_logits, logits, rtol=0, atol=2e-4)
