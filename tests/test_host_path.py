@@ -123,6 +123,8 @@ def _decode(seq_dim=1, b=1, dtype=torch.bfloat16):
 
 
 POS = torch.tensor([[17], [3]])
+#: two packed sequences of one token each (a decode step of a varlen batch)
+CU = torch.tensor([0, 1, 2], dtype=torch.int32)
 
 CALLS = {
     # name: (limit of posenc calls, fn(q, k, cos, sin, rope) -> the call)
@@ -134,6 +136,8 @@ CALLS = {
     "RotaryEmbedding positions, promised": (10, lambda q, k, c, s, r: lambda: r(
         q, k, positions=POS, seq_dim=1, assume_valid=True)),
     "RotaryEmbedding.rotate offset": (10, lambda q, k, c, s, r: lambda: r.rotate(k, offset=17, seq_dim=1, key=True)),
+    "apply_rope_qk packed, promised": (8, lambda q, k, c, s, r: (lambda qp, kp: lambda: apply_rope_qk(
+        qp, kp, c, s, cu_seqlens=CU, offset=17, backend="triton", assume_valid=True))(q[:, 0], k[:, 0])),
 }
 CHECKED = {
     "apply_rope_qk offset": lambda q, k, c, s, r: lambda: apply_rope_qk(q, k, c, s, offset=17, seq_dim=1,
@@ -142,6 +146,8 @@ CHECKED = {
         q, k, c, s, positions=POS, seq_dim=1, backend="triton"),
     "RotaryEmbedding positions": lambda q, k, c, s, r: lambda: r(q, k, positions=POS,
                                                                  seq_dim=1),
+    "apply_rope_qk packed": lambda q, k, c, s, r: (lambda qp, kp: lambda: apply_rope_qk(
+        qp, kp, c, s, cu_seqlens=CU, offset=17, backend="triton"))(q[:, 0], k[:, 0]),
 }
 
 

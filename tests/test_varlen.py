@@ -270,3 +270,44 @@ def test_packed_rotation_compiles_and_guards_the_table():
     torch.testing.assert_close(f(q, CU, 0), R.apply_rope_qk(q, None, cos, sin, cu_seqlens=CU)[0], rtol=0, atol=1e-6)
     with pytest.raises(RuntimeError, match=r"must lie in \[0, 16\)"):
         f(q, CU, 12)                                                     # positions up to 16: past the table
+
+
+def test_a_repeated_packed_call_runs_its_plan_and_still_checks_its_values():
+    """A packed call with the signature of one validated before runs that call's plan: the same result,
+    fewer calls; its positions' range is still read (an out-of-table offset and invalid cu_seqlens
+    raise as on the first call), and not read when promised."""
+    import sys
+
+    import posenc
+    from posenc._torch import plans
+
+    inv, _ = posenc.rope_inv_freq(8)
+    cos, sin = posenc.rope_cos_sin(torch.arange(16), inv)
+    q, k = torch.randn(7, 2, 8), torch.randn(7, 1, 8)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    plans.clear()
+
+    def calls(fn):
+        n = [0]
+
+        def profile(frame, event, arg):
+            if event == "call" and "posenc" in frame.f_code.co_filename:
+                n[0] += 1
+        sys.setprofile(profile)
+        try:
+            out = fn()
+        finally:
+            sys.setprofile(None)
+        return out, n[0]
+
+    first, n_first = calls(lambda: posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=2, backend="torch"))
+    again, n_again = calls(lambda: posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=2, backend="torch"))
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert n_again < n_first
+    with pytest.raises(ValueError, match="outside the cos/sin table|must lie in"):
+        posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=13, backend="torch")
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+        posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32), offset=2,
+                             backend="torch")
+    want = posenc.apply_rope_qk(q[3:][None], k[3:][None], cos, sin, offset=2, seq_dim=1, backend="torch")
+    torch.testing.assert_close(again[0][3:], want[0][0], rtol=0, atol=0)

@@ -41,6 +41,7 @@ from posenc._torch.checks import (
     check_positions,
     check_qk,
     check_same_device,
+    inplace_pair_overlaps,
 )
 from posenc._torch.rope_call import (
     check_call,
@@ -443,13 +444,22 @@ def apply_rope_qk(
         plan = plans.find(key, q, k, positions, offset, inplace)
         if plan is not None:
             return plan.run(q, k, cos, sin, positions, offset)
+    elif cu_seqlens is not None and assume_in_table is UNSET and positions is None:
+        # step 0 for a packed batch: a call like one validated before runs its plan after the range of its
+        # positions (and the validity of cu_seqlens) is read, or without a read when promised
+        key = _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume_valid, inverse)
+        plan = plans.get(key)
+        if plan is not None and (not inplace or k is None or not torch._C._overlaps(q, k)):
+            lo, hi = varlen_range(cu_seqlens, q.shape[0], offset) if plan.read_range else (0, -1)
+            if 0 <= lo and hi < plan.rows:
+                return plan.run(q, k, cos, sin, None, offset, cu_seqlens)
     if assume_in_table is not UNSET:
         assume_valid = promise("apply_rope_qk", assume_in_table, assume_valid)
     if type(inverse) is not bool:
         _validate.check_bool("inverse", inverse)
     if cu_seqlens is not None:
         return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_valid,
-                                  cu_seqlens, inverse)
+                                  cu_seqlens, inverse, key)
     sd, positions, offset, _ = check_call(q, k, seq_dim, table_rotary_dim(cos, sin), positions, offset, inplace,
                                           assume_valid)
     check_table_options(q, cos, sin, layout, backend)
@@ -474,8 +484,34 @@ def _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace
     return qo, ko
 
 
-def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens, inverse):
-    """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``."""
+def _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume, inverse) -> tuple | None:
+    """The plan key of a packed call (:mod:`posenc._torch.plans`), None for a call no plan serves:
+    arguments of other types than a plan's, strided ``cu_seqlens`` or offsets, tracing."""
+    if not (type(q) is torch.Tensor and type(cos) is torch.Tensor and type(sin) is torch.Tensor
+            and type(cu_seqlens) is torch.Tensor and (k is None or type(k) is torch.Tensor)
+            and (type(offset) is int or type(offset) is torch.Tensor) and (inplace is False or inplace is True)
+            and (assume is False or assume is True) and (inverse is False or inverse is True)
+            and not torch.compiler.is_compiling()):
+        return None
+    try:
+        if cu_seqlens.stride() != (1,) or (type(offset) is torch.Tensor and offset.stride() != (1,)):
+            return None
+        grad = torch.is_grad_enabled() and (q.requires_grad, k is not None and k.requires_grad,
+                                            cos.requires_grad, sin.requires_grad)
+        return ("apply_rope_qk varlen", q.shape, q.stride(), q.dtype, q.device,
+                None if k is None else (k.shape, k.stride(), k.dtype, k.device),
+                cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
+                cu_seqlens.shape, cu_seqlens.dtype, cu_seqlens.device,
+                None if not isinstance(offset, torch.Tensor) else (offset.shape, offset.dtype, offset.device),
+                layout, inplace, backend, assume, inverse, grad)
+    except RuntimeError:                                                # (sparse tensors have no strides)
+        return None
+
+
+def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens, inverse,
+                       key=None):
+    """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``; the call's
+    engine prepared once is kept as the plan of ``key``."""
     cu_seqlens, offset = check_varlen_call(q, k, table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
     check_table_options(q, cos, sin, layout, backend)
     check_flags(inplace, assume)
@@ -491,6 +527,11 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
     why = None
     if kernel_possible(backend, q):
         why = kernel_limits(q[None], 1) or (None if k is None else kernel_limits(k[None], 1))
-    engine = rope_engine(choose_engine(backend, q, k, None, why or ""))
-    return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=None, offset=offset, layout=layout, seq_dim=0,
-                cu_seqlens=cu_seqlens, inverse=inverse)
+    mod = engine("rope_qk", choose_engine(backend, q, k, None, why or ""))
+    if (key is None or torch.compiler.is_compiling() or (inplace and inplace_pair_overlaps(q, k))
+            or (inplace and torch.is_grad_enabled() and (q.requires_grad or k is not None and k.requires_grad))):
+        return feed(mod.rope_qk, q, k, inplace, cos=cos, sin=sin, positions=None, offset=offset, layout=layout,
+                    seq_dim=0, cu_seqlens=cu_seqlens, inverse=inverse)
+    run = mod.prepare(q, k, cos, sin, None, offset, layout, 0, inplace, cu_seqlens, inverse)
+    plans.put(key, plans.Plan(run, cos.shape[0], 0, not assume))
+    return run(q, k, cos, sin, None, offset, cu_seqlens)
