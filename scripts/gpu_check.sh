@@ -91,41 +91,31 @@ fi
 { echo; echo "<details><summary>skipped</summary>"; echo; echo '```'
   grep -E '^SKIPPED' "$logs/tests.log" | head -30; echo '```'; echo "</details>"; } >> "$report"
 
-echo >> "$report"
-echo "## Benchmarks (benchmarks/gpu_rope.py, every section)" >> "$report"
-echo >> "$report"
-echo "== benchmarks/gpu_rope.py" >&2
-start=$(date +%s)
-timeout "${GPU_CHECK_BENCH_S:-220}" $PY -u benchmarks/gpu_rope.py >> "$report" 2> "$logs/bench.err"
-rc=$?
-echo >> "$report"
-echo "(benchmark: $(( $(date +%s) - start )) s)" >> "$report"
-if [ $rc -eq 124 ]; then
-  status=1
-  echo "**The benchmark was stopped after ${GPU_CHECK_BENCH_S:-220} s; the sections above are complete.**" >> "$report"
-elif [ $rc -ne 0 ]; then
-  status=1
-  { echo; echo "**The benchmark failed (exit code $rc):**"; echo; echo '```'; tail -30 "$logs/bench.err"; echo '```'; } >> "$report"
-fi
+# section NAME LIMIT_S TITLE COMMAND...: one benchmark of the report, appended as it runs and stopped at LIMIT_S
+section() {
+  local name=$1 limit=$2 title=$3 start rc
+  shift 3
+  { echo; echo "## $title"; echo; } >> "$report"
+  echo "== $title" >&2
+  start=$(date +%s)
+  timeout "$limit" "$@" >> "$report" 2> "$logs/$name.err"
+  rc=$?
+  { echo; echo "($name: $(( $(date +%s) - start )) s)"; } >> "$report"
+  if [ $rc -eq 124 ]; then
+    status=1
+    echo "**The $name was stopped after $limit s; what it wrote above is complete.**" >> "$report"
+  elif [ $rc -ne 0 ]; then
+    status=1
+    { echo; echo "**The $name failed (exit code $rc):**"; echo; echo '```'; tail -30 "$logs/$name.err"; echo '```'; } \
+      >> "$report"
+  fi
+}
 
-echo >> "$report"
-echo "## Inside a model (benchmarks/bench_hf_decode.py --device cuda)" >> "$report"
-echo >> "$report"
-echo "== benchmarks/bench_hf_decode.py" >&2
-start=$(date +%s)
-timeout "${GPU_CHECK_HF_S:-80}" $PY -u benchmarks/bench_hf_decode.py --device cuda --sizes 1024x4 \
-  --dtypes float32,bfloat16 --repeats 3 --min-time 0.05 --prefill 512 --batch 4 --steps 64 \
-  >> "$report" 2> "$logs/hf.err"
-rc=$?
-echo >> "$report"
-echo "(model benchmark: $(( $(date +%s) - start )) s)" >> "$report"
-if [ $rc -eq 124 ]; then
-  status=1
-  echo "**The model benchmark was stopped after ${GPU_CHECK_HF_S:-80} s; the rows above are complete.**" >> "$report"
-elif [ $rc -ne 0 ]; then
-  status=1
-  { echo; echo "**The model benchmark failed (exit code $rc):**"; echo; echo '```'; tail -30 "$logs/hf.err"; echo '```'; } >> "$report"
-fi
+section benchmark "${GPU_CHECK_BENCH_S:-220}" "Benchmarks (benchmarks/gpu_rope.py, every section)" \
+  $PY -u benchmarks/gpu_rope.py
+section model-benchmark "${GPU_CHECK_HF_S:-80}" "Inside a model (benchmarks/bench_hf_decode.py --device cuda)" \
+  $PY -u benchmarks/bench_hf_decode.py --device cuda --sizes 1024x4 --dtypes float32,bfloat16 --repeats 3 \
+  --min-time 0.05 --prefill 512 --batch 4 --steps 64
 
 echo >> "$report"
 echo "Overall: $([ $status -eq 0 ] && echo 'every test passed and every benchmark section ran' || echo '**FAILURES above**')." >> "$report"

@@ -75,8 +75,8 @@ def test_gpu_check_without_cuda_says_so_and_exits_2(tmp_path):
 def test_gpu_check_runs_the_tests_in_parallel_within_time_limits_and_reports_as_it_goes():
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
     assert re.search(r"workers=\(-n ", script)                               # pytest-xdist where installed
-    assert 'timeout "${GPU_CHECK_TEST_S:-200}"' in script and 'timeout "${GPU_CHECK_BENCH_S:-220}"' in script
-    assert 'timeout "${GPU_CHECK_HF_S:-80}"' in script                      # the model benchmark, with parity
+    assert 'timeout "${GPU_CHECK_TEST_S:-200}"' in script and 'section benchmark "${GPU_CHECK_BENCH_S:-220}"' in script
+    assert 'section model-benchmark "${GPU_CHECK_HF_S:-80}"' in script      # the model benchmark, with parity
     assert re.search(r"-u benchmarks/bench_hf_decode\.py --device cuda", script)
-    assert re.search(r'benchmarks/gpu_rope\.py >> "\$report"', script)      # appended while it runs, unbuffered
+    assert 'timeout "$limit" "$@" >> "$report"' in script                 # appended while it runs, unbuffered
     assert "-u benchmarks/gpu_rope.py" in script
