@@ -759,3 +759,16 @@ def test_patched_model_under_inference_mode():
         torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=1e-5)
         assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False), steps)
     unpatch_model(model)
+
+
+def test_one_record_per_patch_model_call(caplog):
+    """A model with a rotary module and a vision tower left as its own still gets one INFO record that says
+    both (here: a T5 bias model and a Llama each give exactly one)."""
+    import logging
+
+    for name in ("llama", "t5"):
+        with caplog.at_level(logging.INFO, logger="posenc"):
+            caplog.clear()
+            patch_model(_build(name))
+        records = [r.getMessage() for r in caplog.records if r.name == "posenc"]
+        assert len(records) == 1 and records[0].startswith("patch_model: "), records

@@ -118,6 +118,7 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, backend: str |
     if backend is not None and backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be None (cos/sin only), 'auto', 'torch' or 'triton', got {backend!r}")
     plans: list[_Plan] = []
+    left: list[str] = []                                     # modules left as the model's own, and why
     found = 0
     kinds: set[str] = set()
     for path, module in model.named_modules():
@@ -132,8 +133,7 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, backend: str |
         if kind == "vision":
             vision = _plan_axial(module, where, model)
             if isinstance(vision, str):
-                _log.info("patch_model: %s: a vision tower's 2-D rotary module, left as the model's own (%s)", where,
-                          vision)
+                left.append(f"{where}, a vision tower's 2-D rotary module, is left as the model's own ({vision})")
             else:
                 plans.append(vision)
             continue
@@ -155,7 +155,7 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, backend: str |
             f"is left unpatched")
     for plan in plans:
         plan.apply()
-    _log_plans(model, plans)
+    _log_plans(model, plans, left)
     return [p.module for p in plans]
 
 
@@ -201,9 +201,11 @@ def _modules(count: int, what: str) -> str:
     return f"its {what}" if count == 1 else f"{count} {what}s"
 
 
-def _log_plans(model: torch.nn.Module, plans: list[_Plan]) -> None:
-    if not plans or not _log.isEnabledFor(logging.INFO):
+def _log_plans(model: torch.nn.Module, plans: list[_Plan], left: list[str]) -> None:
+    """The one INFO record of a ``patch_model`` call: what posenc now supplies, and what it left."""
+    if not (plans or left) or not _log.isEnabledFor(logging.INFO):
         return
+    parts = []
     rotary = [p for p in plans if p.kind in ("rotary", "mrope")]
     if rotary:
         dims = [t.rope.dim for p in rotary for t in _tables_of(p)]
@@ -234,17 +236,14 @@ def _log_plans(model: torch.nn.Module, plans: list[_Plan]) -> None:
             rotation = ("the model's own attention code rotates q and k in this layout" +
                         (f" ({'; '.join(whys)})" if whys else "") +
                         (f", except in {_modules(len(routed), 'rotary module')} posenc reproduces" if routed else ""))
-        readings = sorted({r for p in rotary for r in p.note.split("; reading: ")[1:]})
-        _log.info(
-            "patch_model: %s: layout=%r (%s); posenc now supplies %s%s, %s, and the model's weights are used as they "
-            "are; %s",
-            type(model).__name__, layout, reason, what, "".join(f" ({r})" for r in readings), rotation,
-            core_hf_config.conversion_hint(layout),
-        )
+        readings = "".join(f" ({r})" for r in sorted({r for p in rotary for r in p.note.split("; reading: ")[1:]}))
+        parts.append(f"layout={layout!r} ({reason}); posenc now supplies {what}{readings}, {rotation}, and the "
+                     f"model's weights are used as they are; {core_hf_config.conversion_hint(layout)}")
     others = [p for p in plans if p.kind not in ("rotary", "mrope")]
     if others:
-        _log.info("patch_model: %s: posenc now supplies the %s of %s", type(model).__name__,
-                  " and ".join(sorted({p.note for p in others})), _modules(len(others), "module"))
+        parts.append(f"posenc now supplies the {' and '.join(sorted({p.note for p in others}))} of "
+                     f"{_modules(len(others), 'module')}")
+    _log.info("patch_model: %s: %s", type(model).__name__, "; ".join(parts + left))
 
 
 def _tables_of(plan: _Plan) -> list[Any]:
