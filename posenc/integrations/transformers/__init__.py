@@ -49,7 +49,7 @@ callables for the replaced methods), so ``copy.deepcopy``, ``pickle`` / ``torch.
 nested modules keep working; ``state_dict`` never contains posenc's tables, so ``save_pretrained``
 writes the model's own weights and ``from_pretrained`` gives an unpatched model.
 
-transformers is never imported by ``import posenc``; this module needs it only to be installed
+transformers is never imported by ``import posenc``; this package needs it only to be installed
 for the models you pass (it reads their classes and configs, it does not import them itself).
 
 The package, one idea per module: ``_patch`` (the public functions, the walk over a model, the one

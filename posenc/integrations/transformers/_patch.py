@@ -30,7 +30,7 @@ def patch_model(model: torch.nn.Module, *, backend: str | None = "auto", assume_
 
     Every module of ``model`` that holds a position rule is found (a rotary module following
     transformers' contract, multimodal RoPE, ALiBi, a T5-style relative bias), posenc's version of
-    it is built and compared with the module's own output (see the module docstring: near 0 to a few
+    it is built and compared with the module's own output (see the package docstring: near 0 to a few
     float32 ulps, further out within transformers' own float32 angle error); only when every one
     agrees is anything changed.  Wrappers (vision-language models, encoder-decoders) have their
     text, vision and decoder parts patched alike.  Patching twice, or patching a model whose
