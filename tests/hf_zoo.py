@@ -4,13 +4,15 @@
 Nothing is downloaded: each model is built from its default configuration, shrunk generically (2
 layers, hidden 64, 4 heads, vocabulary 256, small experts), seeded.  The check compares the patched
 model with the unpatched one in float32: the whole prefill, then 8 cached greedy decoding steps
-(their logits within 1e-5, max abs, and the same tokens), and after ``unpatch_model`` the outputs
-must be bit-identical to the unpatched run.
+(their logits within 1e-5, max abs, and the same tokens), or a vision encoder's output for one random
+image, and after ``unpatch_model`` the outputs must be bit-identical to the unpatched run.  A model in
+which nothing was patched (every positional module left as the model's own) counts as refused.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import signal
@@ -226,10 +228,19 @@ def build(model_type: str, seed: int = 0) -> torch.nn.Module:
 
 
 def _inputs(model: torch.nn.Module, length: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(3, 150, (1, length), generator=torch.Generator().manual_seed(1))
+    """Token ids for a text model; for a vision encoder, one random image of 4 x 4 patches (its channels and
+    patch size from its configuration)."""
+    gen = torch.Generator().manual_seed(1)
     name = getattr(model, "main_input_name", "input_ids")
     if name == "input_ids":
-        return {"input_ids": ids}
+        return {"input_ids": torch.randint(3, 150, (1, length), generator=gen)}
+    config = model.config
+    vision = getattr(config, "vision_config", None) or config
+    patch = getattr(vision, "patch_size", None)
+    if name == "pixel_values" and isinstance(patch, int) and not isinstance(patch, bool):
+        channels = getattr(vision, "num_channels", 3)
+        return {"pixel_values": torch.randn(1, channels if isinstance(channels, int) else 3, 4 * patch, 4 * patch,
+                                            generator=gen)}
     raise LookupError(f"needs {name} inputs (not text); not run")
 
 
@@ -237,6 +248,12 @@ def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[t
     """The prefill output, and the logits and tokens of ``steps`` cached greedy steps (none for models
     without a cache or logits)."""
     inputs = _inputs(model, length)
+    if "input_ids" not in inputs:                       # a vision encoder: its output, no decoding
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model(**inputs)
+        first = out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+        return first.detach().clone(), [], []
     ids = inputs["input_ids"]
     config = model.config
     enc_dec = bool(getattr(config, "is_encoder_decoder", False))
@@ -318,14 +335,23 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
             raise
         except Exception as e:                         # noqa: BLE001
             return {**record, "status": "not run", "reason": _reason(e)}
+        said, log = _Said(), logging.getLogger("posenc")
+        level = log.level
+        log.addHandler(said)
+        log.setLevel(logging.INFO)
         try:
             patch_model(model)
         except _Timeout:
             raise
         except Exception as e:                         # noqa: BLE001
             return {**record, "status": "refused", "reason": _reason(e)}
+        finally:
+            log.removeHandler(said)
+            log.setLevel(level)
         record["patched"] = sorted({v.kind for m in model.modules() for k, v in vars(m).items()
                                     if k == "_posenc_patch"})
+        if not record["patched"]:                      # every positional module left as the model's own
+            return {**record, "status": "refused", "reason": "nothing patched: " + " ".join(said.messages)}
         record.update(layouts(model))
         try:
             got = run(model)
@@ -348,6 +374,17 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+class _Said(logging.Handler):
+    """The messages posenc logs while a model is patched (what it left as the model's own, and why)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def layouts(model: torch.nn.Module) -> dict[str, Any]:

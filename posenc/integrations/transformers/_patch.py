@@ -185,7 +185,8 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
         return None
     if _config_of(module, model) is None:
         return None
-    if "Vision" in cls.__name__ or _rope_type(_config_of(module, model)) == "axial":
+    # (a vision-language model's text part, "...VisionText...", is not a vision tower)
+    if "Vision" in cls.__name__.replace("VisionText", "") or _rope_type(_config_of(module, model)) == "axial":
         return "vision"                             # 2-D rotary of a vision tower: left as the model's
     return "mrope" if _mrope_section(module, model) is not None else "rotary"
 
