@@ -23,6 +23,7 @@ SAMPLE = {
     "stablelm": "rotary", "starcoder2": "rotary", "falcon": "rotary", "modernbert": "rotary", "mt5": "t5",
     "umt5": "t5", "longt5": "t5", "glm4v": "mrope", "deepseek_v4": "rotary", "phimoe": "rotary",
     "mpnet": "mpnet", "beam": "rotary", "granite4_vision_text": "rotary", "mlcd_vision_model": "axial",
+    "pixtral": "axial",
 }
 SLOW = {"qwen3_next", "gpt_oss", "gemma3n_text", "qwen3_vl", "glm4v", "longt5", "deepseek_v3"}
 

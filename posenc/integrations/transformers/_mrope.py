@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from posenc.core import hf_config as core_hf_config
+from posenc.core.rope import LinearScaling
 from posenc.integrations.transformers._common import _config_of, _rows, _silently
 from posenc.integrations.transformers._rotary import _rotary_forward, _to_format
 from posenc.integrations.transformers._selfcheck import (
@@ -142,20 +143,28 @@ def _verify_mrope_format(module: torch.nn.Module, tables: _HFMropeTables, config
 class _AxialAdapter(torch.nn.Module):
     """What a patched axial vision rotary module runs: exact cos/sin of the row and column positions
     (``(N, 2)``, or ``(2, N)`` with ``axes_first``), side by side (``[rows | columns]``), in the
-    module's format."""
+    module's format.  ``columns`` is the columns' rule where it differs from the rows' (Pixtral gives
+    the rows the even frequencies of the head and the columns the odd ones), else None."""
 
-    def __init__(self, rope: RotaryEmbedding, fmt: str, axes_first: bool) -> None:
+    def __init__(self, rope: RotaryEmbedding, fmt: str, axes_first: bool,
+                 columns: RotaryEmbedding | None = None) -> None:
         super().__init__()
         self.rope = rope
+        self.columns = columns
         self.fmt = fmt
         self.axes_first = axes_first
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "columns" not in self._modules and "columns" not in vars(self):   # (saved by an earlier posenc)
+            self.columns = None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         rows, cols = (position_ids[0], position_ids[1]) if self.axes_first else (position_ids[..., 0],
                                                                                  position_ids[..., 1])
         c_h, s_h = self.rope.cos_sin(rows, dtype=work)                             # (N, d/4) each
-        c_w, s_w = self.rope.cos_sin(cols, dtype=work)
+        c_w, s_w = (self.rope if self.columns is None else self.columns).cos_sin(cols, dtype=work)
         return _to_format(torch.cat([c_h, c_w], -1), torch.cat([s_h, s_w], -1), self.fmt, x.dtype)
 
 
@@ -174,10 +183,14 @@ def _plan_axial(module: Any, where: str, model: torch.nn.Module) -> _Plan | str:
     device = inv.device
     try:
         rope = RotaryEmbedding(dim // 2, base=float(base), max_seq_len=64, device=device)
+        # the columns at the head's odd frequencies base^(-(4j + 2) / dim): the rows' divided by base^(2 / dim)
+        odd = RotaryEmbedding(dim // 2, base=float(base), max_seq_len=64, device=device,
+                              scaling=LinearScaling(float(base) ** (2.0 / dim)))
     except (ValueError, TypeError) as e:
         return f"posenc cannot build its rule ({e})"
-    for fmt, axes_first in ((f, a) for a in (False, True) for f in ("doubled", "narrow", "repeated")):
-        adapter = _AxialAdapter(rope, fmt, axes_first)
+    readings = ((f, a, c) for c in (None, odd) for a in (False, True) for f in ("doubled", "narrow", "repeated"))
+    for fmt, axes_first, columns in readings:
+        adapter = _AxialAdapter(rope, fmt, axes_first, columns)
         ok = True
         for start in (0, 90, 1000):
             h = torch.arange(start, start + 12, device=device)
