@@ -313,8 +313,8 @@ def _short_factors_kept(rope: RotaryEmbedding) -> RotaryEmbedding | None:
     """The second reading of a LongRoPE rule whose attention factor switches past the original context
     (Phi-3.5-MoE's ``short_mscale``/``long_mscale``): the short factors kept at every length, only the
     attention factor switching, which is what transformers' ``PhimoeRotaryEmbedding`` computes (the
-    configuration's reading, as Microsoft's reference code and vLLM compute it, switches both).  None for
-    any other rule.  Used only where the module itself is reproduced by it (checked like the first)."""
+    configuration's reading, LongRoPE's, switches the factors with it).  None for any other rule.  Used
+    only where the module itself is reproduced by it (checked like the first)."""
     rule = rope.scaling
     if not (isinstance(rule, LongRopeScaling) and rule.long_attention_factor is not None
             and rule.long_factor != rule.short_factor):
