@@ -83,6 +83,20 @@ class _FastEntry:
                 and 2 * cos.shape[-1] == self.dim and cos.shape[-2] == self.length and cos.dtype is self.dtype
                 and sin.dtype is self.dtype)
 
+    def route(self, xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: Any,
+              unsqueeze: Any) -> tuple[torch.Tensor, ...] | None:
+        """``xs`` (q and k, or one tensor) rotated as the stand-in's call asks, or None for the model's own
+        function: by the entry's factors when ``cos``/``sin`` are the pair the module returned, unchanged
+        since; else, where the entry allows it, from the rows given."""
+        if unsqueeze != 1 and unsqueeze != 2:
+            return None
+        if self.partner is sin and (self.versions is None or self.versions == (cos._version, sin._version)):
+            if len(xs) == 2:
+                return self.rotate(xs[0], xs[1], unsqueeze)
+            one = self.rotate_one(xs[0], unsqueeze)
+            return None if one is None else (one,)
+        return self.rotate_rows(xs, cos, sin, unsqueeze) if self.any_rows else None       # other or changed rows
+
     def rotate(self, q: torch.Tensor, k: torch.Tensor, unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """q and k rotated, or None when they are not what the entry rotates (the model's own function
         then runs)."""
@@ -206,12 +220,7 @@ class _FastRotate:
             entry = getattr(cos, _ENTRY, None)
             if entry is not None and type(q) is _Tensor and type(k) is _Tensor:
                 unsqueeze = self.unsqueeze if len(args) == 4 and not kwargs else self._unsqueeze(args, kwargs)
-                out = None
-                if unsqueeze == 1 or unsqueeze == 2:
-                    if entry.partner is sin and (entry.versions is None or entry.versions == (cos._version, sin._version)):
-                        out = entry.rotate(q, k, unsqueeze)                  # the module's own cos/sin, as returned
-                    elif entry.any_rows:
-                        out = entry.rotate_rows((q, k), cos, sin, unsqueeze)   # other rows, or changed ones
+                out = entry.route((q, k), cos, sin, unsqueeze)
                 if out is not None:
                     return out
         return self.original(*args, **kwargs)
@@ -233,16 +242,9 @@ class _FastRotateOne(_FastRotate):
             x, cos, sin = args[0], args[1], args[2]
             entry = getattr(cos, _ENTRY, None)
             if entry is not None and type(x) is _Tensor:
-                unsqueeze = self._unsqueeze(args, kwargs)
-                out = None
-                if unsqueeze == 1 or unsqueeze == 2:
-                    if entry.partner is sin and (entry.versions is None or entry.versions == (cos._version, sin._version)):
-                        out = entry.rotate_one(x, unsqueeze)
-                    elif entry.any_rows:
-                        got = entry.rotate_rows((x,), cos, sin, unsqueeze)
-                        out = None if got is None else got[0]
+                out = entry.route((x,), cos, sin, self._unsqueeze(args, kwargs))
                 if out is not None:
-                    return out
+                    return out[0]
         return self.original(*args, **kwargs)
 
 
