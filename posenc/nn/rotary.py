@@ -367,7 +367,7 @@ class RotaryEmbedding(TableModule):
             inverse: rotate by ``-theta``: the transpose of the rotation (xPos scales included),
                 which undoes it exactly (DeepSeek-V4 rotates its attention output back this way).
         """
-        if self._last(q, inplace):                 # the trailing features' views, rotated in place
+        if self.rotary_slice == "last" and self._last(q, inplace):    # the trailing features' views, in place
             qv, kv, qo, ko = trailing(q, k, self.dim, inplace)
             self.forward(qv, kv, positions=positions, offset=offset, seq_dim=seq_dim, inplace=True, seq_len=seq_len,
                          assume_valid=assume_valid, cu_seqlens=cu_seqlens, inverse=inverse,
@@ -413,7 +413,7 @@ class RotaryEmbedding(TableModule):
         ``key`` matters only for xPos, whose key scale is the inverse of the query scale;
         ``inverse`` rotates by ``-theta`` (see :meth:`forward`).
         """
-        if self._last(x, inplace):                 # the trailing features' view, rotated in place
+        if self.rotary_slice == "last" and self._last(x, inplace):    # the trailing features' view, in place
             xv, _, xo, _ = trailing(x, None, self.dim, inplace)
             self.rotate(xv, positions=positions, offset=offset, key=key, seq_dim=seq_dim, inplace=True,
                         seq_len=seq_len, assume_valid=assume_valid, inverse=inverse, assume_in_table=assume_in_table)
@@ -436,9 +436,10 @@ class RotaryEmbedding(TableModule):
         return self._rotate(x, None, sd, positions, offset, seq_len, assume_valid, inplace, key, plan_key, inverse)[0]
 
     def _last(self, q: object, inplace: object) -> bool:
-        """Whether a call rotates the trailing features of wider heads (``rotary_slice="last"``): then
-        it rotates views of them in place (``inplace`` checked here, the rest by that call)."""
-        if self.rotary_slice == "first" or not isinstance(q, torch.Tensor) or not q.dim() or q.shape[-1] <= self.dim:
+        """With ``rotary_slice="last"``, whether a call's heads are wider than the rotary dim: then it
+        rotates views of their trailing features in place (``inplace`` checked here, the rest by that
+        call).  (Asked only of such modules: the common case costs no call.)"""
+        if not isinstance(q, torch.Tensor) or not q.dim() or q.shape[-1] <= self.dim:
             return False
         _validate.check_bool("inplace", inplace)
         return True
