@@ -27,9 +27,9 @@ def markdown(records: list[dict], version: str) -> str:
     counts = collections.Counter(r["status"] for r in records)
     routed = sum(1 for r in records if r["status"] == "equal" and "posenc" in r.get("rotation", []))
     lines = [
-        f"Swept with transformers {version}: {len(records)} model types with positions; "
-        + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("equal", "different", "error", "refused", "not built",
-                                                         "not run"))
+        f"Swept with transformers {version}: {len(records)} model types whose modeling code has a position rule; "
+        + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("equal", "different", "error", "refused", "no positions",
+                                                         "not built", "not run"))
         + f". In {routed} of the equal ones posenc also rotates q and k (patched: q/k rotation).",
         "",
         "| model type | result | patched | layout | detail |",

@@ -17,6 +17,8 @@ import os
 import re
 import signal
 import warnings
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -109,9 +111,27 @@ def _shrink(config: Any, seen: set[int]) -> None:
         distinct = list(dict.fromkeys(types))
         picked = (distinct + types)[:layers] if len(distinct) <= layers else types[:layers]
         config.layer_types = picked
+    if layers is not None:
+        _keep_attention(config, layers, types)
     for value in list(vars(config).values()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
             _shrink(value, seen)
+
+
+def _keep_attention(config: Any, layers: int, full: Any) -> None:
+    """A hybrid model (attention among recurrent, convolution or linear-attention layers) cut to ``layers``
+    layers keeps one attention layer, its last, so that its positions are still used."""
+    own = vars(config)
+    if isinstance(own.get("attn_layer_indices"), list) and own["attn_layer_indices"]:
+        config.attn_layer_indices = [layers - 1]
+    blocks = own.get("block_types")
+    if isinstance(blocks, (list, tuple)) and "attention" in blocks and len(blocks) > layers:
+        config.block_types = [b for b in blocks if b != "attention"][:layers - 1] + ["attention"]
+    types = own.get("layer_types")
+    attention = [t for t in (full if isinstance(full, list) else [])
+                 if isinstance(t, str) and "attention" in t and "linear" not in t]
+    if isinstance(types, list) and attention and not any(t in attention for t in types):
+        config.layer_types = types[:-1] + [attention[0]]
 
 
 def _keep_rotary_pairs(config: Any) -> None:
@@ -169,7 +189,7 @@ def _class_for(model_type: str, config: Any) -> Any:
 
     module = modeling_module(model_type)
     found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, PreTrainedModel)
-             and getattr(c, "config_class", None) is type(config)]
+             and getattr(c, "config_class", None) is type(config) and c.forward is not torch.nn.Module.forward]
     for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
         for c in found:
             if c.__name__.endswith(suffix):
@@ -213,7 +233,7 @@ def build(model_type: str, seed: int = 0) -> torch.nn.Module:
         if isinstance(name, (tuple, list)):
             name = name[0]
         cls = getattr(transformers, name, None) if name else None
-        if cls is not None:
+        if cls is not None and cls.forward is not torch.nn.Module.forward:
             break
     else:
         cls = _class_for(model_type, config)
@@ -227,21 +247,123 @@ def build(model_type: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+_CHOSEN: weakref.WeakKeyDictionary[torch.nn.Module, Callable[[], dict[str, torch.Tensor]]] = \
+    weakref.WeakKeyDictionary()
+
+
 def _inputs(model: torch.nn.Module, length: int) -> dict[str, torch.Tensor]:
-    """Token ids for a text model; for a vision encoder, one random image of 4 x 4 patches (its channels and
-    patch size from its configuration)."""
-    gen = torch.Generator().manual_seed(1)
+    """Token ids for a text model; for a vision or audio encoder, synthetic inputs of the shapes it takes
+    (the first of :func:`_candidates` that the unpatched model runs on, remembered on the model so that the
+    patched run gets the same)."""
+    chosen = _CHOSEN.get(model)
+    if chosen is not None:
+        return chosen()
+    options = list(_candidates(model, length))
+    if not options:
+        raise LookupError(f"needs {getattr(model, 'main_input_name', 'input_ids')} inputs (not text); not run")
+    if len(options) == 1:
+        return options[0]()
+    errors = []
+    for make in options:
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model(**make())
+        except _Timeout:
+            raise
+        except Exception as e:                          # noqa: BLE001 -- the next shape is tried
+            errors.append(e)
+            continue
+        _CHOSEN[model] = make
+        return make()
+    raise errors[0]
+
+
+def _first_widths(model: torch.nn.Module) -> list[int]:
+    """The input widths of the first linear and convolution layers (a patch embedding, an audio front end)."""
+    widths: list[int] = []
+    for kind in (torch.nn.Linear, torch.nn.Conv1d, (torch.nn.Conv2d, torch.nn.Conv3d)):
+        layer = next((m for m in model.modules() if isinstance(m, kind)), None)
+        if isinstance(layer, torch.nn.Linear):
+            widths.append(layer.in_features)
+        elif isinstance(layer, torch.nn.Conv1d):
+            widths.append(layer.in_channels)
+        elif layer is not None:
+            widths.append(int(layer.weight[0].numel()))
+    return widths
+
+
+def _required(model: torch.nn.Module) -> list[str]:
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.default is p.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _int(config: Any, *names: str, default: int | None = None) -> int | None:
+    """The first integer (or the first entry of a list) a configuration or its vision/audio part gives."""
+    for part in (config, getattr(config, "vision_config", None), getattr(config, "audio_config", None),
+                 getattr(config, "encoder_config", None)):
+        for name in names:
+            value = getattr(part, name, None) if part is not None else None
+            if isinstance(value, (list, tuple)) and value:
+                value = value[0]
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return default
+
+
+def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], dict[str, torch.Tensor]]]:
+    """Input makers for ``model``: token ids, or an image (as pixels, or as the flattened patches of a
+    ``grid_thw`` of 1 x 4 x 4 patches (a multiple of the spatial merge)), or audio features or samples."""
     name = getattr(model, "main_input_name", "input_ids")
-    if name == "input_ids":
-        return {"input_ids": torch.randint(3, 150, (1, length), generator=gen)}
+    required = _required(model)
     config = model.config
-    vision = getattr(config, "vision_config", None) or config
-    patch = getattr(vision, "patch_size", None)
-    if name == "pixel_values" and isinstance(patch, int) and not isinstance(patch, bool):
-        channels = getattr(vision, "num_channels", 3)
-        return {"pixel_values": torch.randn(1, channels if isinstance(channels, int) else 3, 4 * patch, 4 * patch,
-                                            generator=gen)}
-    raise LookupError(f"needs {name} inputs (not text); not run")
+    first = name if name in required or not required else required[0]
+
+    def seeded(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+
+    if first == "input_ids" and set(required) <= {"input_ids"}:
+        yield lambda: {"input_ids": torch.randint(3, 150, (1, length), generator=torch.Generator().manual_seed(1))}
+        return
+    patch = _int(config, "patch_size", "spatial_patch_size")
+    channels = _int(config, "num_channels", "in_channels", "in_chans", "num_input_channels", default=3)
+    temporal = _int(config, "temporal_patch_size", default=1)
+    merge = _int(config, "spatial_merge_size", "merge_size", "spatial_merge", default=2)
+    mels = _int(config, "num_mel_bins", "feature_size", "n_mels", "input_feat_size", "mel_bins", "num_mels",
+                "input_dim")
+    side = 2 * merge if merge <= 4 else merge                 # patches per side of the grid
+    count = side * side
+    grid = torch.tensor([[1, side, side]])
+    extras = {"grid_thw": lambda: grid, "image_grid_thw": lambda: grid, "merge_sizes": lambda: torch.tensor([merge]),
+              "pixel_position_ids": lambda: torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side),
+                                                                        indexing="ij"), -1).reshape(1, count, 2),
+              "audio_mel_mask": lambda: torch.zeros(1, 64, dtype=torch.bool)}
+    if not set(required) - {first} <= set(extras):
+        return
+    shapes: list[tuple[int, ...]] = []
+    widths = _first_widths(model)                            # what the first layer takes
+    if first in ("pixel_values", "hidden_states", "patch_embeds") and patch:
+        flats = dict.fromkeys([channels * temporal * patch * patch, channels * patch * patch] + widths)
+        if "grid_thw" in required or "image_grid_thw" in required:
+            shapes += [(count, flat) for flat in flats] + [(1, count, flat) for flat in flats]
+        else:
+            shapes += [(1, count, flat) for flat in flats]
+        shapes += [(1, channels, side * patch, side * patch), (count, channels, temporal, patch, patch),
+                   (count, channels, patch, patch), (1, count, channels, patch, patch)]
+    image = _int(config, "image_size", "img_size")
+    if first == "pixel_values" and image:                    # models whose position table fixes the image size
+        shapes.append((1, channels, image, image))
+    elif first in ("input_features", "audio_mel"):
+        for width in dict.fromkeys(([mels] if mels else []) + widths + [128, 80]):   # (the usual mel counts)
+            shapes += [(1, width, 64), (1, 64, width)]
+        shapes += [(1, mels or 128, 3000)]
+    elif first == "input_values":
+        shapes += [(1, 3200), (1, 1, 3200)]
+    for shape in shapes:
+        yield lambda shape=shape: {first: seeded(shape), **{k: extras[k]() for k in required if k != first}}
 
 
 def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
@@ -313,7 +435,9 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
     """Build, run unpatched, patch, run, unpatch, run: the sweep's record for one model type.
 
     ``status`` is ``"equal"`` (accepted and equal), ``"different"`` (accepted but not equal: a bug),
-    ``"refused"`` (patch_model raised, with its reason), ``"not built"`` or ``"not run"`` (the tiny
+    ``"refused"`` (patch_model raised, with its reason), ``"no positions"`` (the tiny model of the type's
+    default configuration holds no positional module at all: its rotary class serves another part or another
+    configuration, so there is nothing to patch), ``"not built"`` or ``"not run"`` (the tiny
     model could not be built or run unpatched on CPU, with the reason), or ``"error"`` (something
     else went wrong after patching)."""
     from posenc.integrations.transformers import is_patched, patch_model, unpatch_model
@@ -344,6 +468,9 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
         except _Timeout:
             raise
         except Exception as e:                         # noqa: BLE001
+            if not _positional_modules(model):
+                return {**record, "status": "no positions", "reason": "this default configuration builds no "
+                        "rotary, ALiBi or relative-bias module (nothing to patch): " + _reason(e)}
             return {**record, "status": "refused", "reason": _reason(e)}
         finally:
             log.removeHandler(said)
@@ -374,6 +501,13 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def _positional_modules(model: torch.nn.Module) -> list[str]:
+    """The modules of ``model`` that look like position rules (a class named rotary/RoPE/ALiBi, or a relative
+    attention bias), whatever contract they follow."""
+    return [name for name, m in model.named_modules()
+            if re.search(r"rotary|rope|alibi", type(m).__name__, re.I) or "relative_attention_bias" in m._modules]
 
 
 class _Said(logging.Handler):
