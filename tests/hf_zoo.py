@@ -90,6 +90,9 @@ def _shrink(config: Any, seen: set[int]) -> None:
             setattr(config, name, 2)
     if isinstance(getattr(config, "qk_head_dim", None), int):
         config.qk_head_dim = config.qk_rope_head_dim + config.qk_nope_head_dim
+    ratio = vars(config).get("pixel_shuffle_ratio")
+    if isinstance(ratio, float) and isinstance(vars(config).get("intermediate_size"), int):
+        config.intermediate_size = int(config.hidden_size / ratio ** 2)    # Llama 4's vision adapter: the shuffle
     if isinstance(getattr(config, "rotary_dim", None), int) and config.rotary_dim > 8:
         config.rotary_dim = 8                                             # GPT-J, CodeGen: part of head_dim 16
     _keep_rotary_pairs(config)

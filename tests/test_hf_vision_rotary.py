@@ -132,3 +132,40 @@ def test_a_module_that_does_more_than_lay_out_is_left_as_its_own(caplog):
         patch_model(model)
     assert "posenc_rope" not in module._modules and not is_patched(model)
     assert "is left as the model's own (posenc's axial cos/sin do not reproduce its output)" in caplog.text
+
+
+def _llama4_oracle(config):
+    """Llama 4's vision table from the formula in float64: patch p of a side x side grid takes the angles
+    (x + 1) * f_j then (y + 1) * f_j, f_j = base^(-2j / (head_dim / 2)); the class token, last, angle 0."""
+    side = config.image_size // config.patch_size
+    half = config.hidden_size // config.num_attention_heads // 2
+    freqs = np.array([float(config.rope_parameters["rope_theta"]) ** (-2.0 * j / half) for j in range(half // 2)])
+    cells = np.arange(side * side)
+    angle = np.concatenate([(cells % side + 1)[:, None] * freqs, (cells // side + 1)[:, None] * freqs], -1)
+    angle = np.concatenate([angle, np.zeros((1, angle.shape[1]))])
+    return torch.from_numpy(np.cos(angle) + 1j * np.sin(angle))[:, None, :]
+
+
+def test_llama4_vision_tower_is_patched_with_posencs_exact_grid_table():
+    model, inputs = _tower("llama4_vision_model")
+    with torch.no_grad():
+        want = model(**inputs)[0]
+    module = _rotary(model)[0]
+    patch_model(model)
+    assert "posenc_rope" in module._modules
+    with torch.no_grad():
+        table = module(torch.zeros(1))
+        assert torch.allclose(model(**inputs)[0], want, atol=1e-5, rtol=0)
+    oracle = _llama4_oracle(model.config)
+    assert table.shape == oracle.shape and table.dtype == torch.complex64
+    assert float((table.to(torch.complex128) - oracle).abs().max()) <= 1e-7     # each part within half an ulp
+
+
+def test_a_llama4_table_of_another_rule_is_left_as_its_own(caplog):
+    model, inputs = _tower("llama4_vision_model")
+    module = _rotary(model)[0]
+    module.freqs_ci = module.freqs_ci.conj()                     # the opposite rotation: not Llama 4's rule
+    with caplog.at_level(logging.INFO, logger="posenc"):
+        patch_model(model)
+    assert "posenc_rope" not in module._modules
+    assert "posenc's patch-grid cos/sin do not reproduce its table" in caplog.text

@@ -55,7 +55,7 @@ for the models you pass (it reads their classes and configs, it does not import 
 The package, one idea per module: ``_patch`` (the public functions, the walk over a model, the one
 INFO record), ``_rotary`` (the generic RoPE adapter), ``_selfcheck`` (probes and the allowance),
 ``_layout`` (the pair layout of a model's rotate function), ``_stand_in`` (the stand-in for that
-function, with its contract), ``_mrope`` (multimodal and vision RoPE), ``_bias`` (ALiBi, T5 and
+function, with its contract), ``_mrope`` (multimodal RoPE), ``_vision`` (vision towers' rotary rules), ``_bias`` (ALiBi, T5 and
 MPNet biases), ``_state`` (patch records, apply and undo) and ``_common``.
 """
 
@@ -67,11 +67,12 @@ from typing import Any
 from posenc.integrations.transformers._bias import _bloom_alibi, _bloom_forward, _mpnet_bias, _mpt_alibi, _t5_bias
 from posenc.integrations.transformers._common import _LEGACY_TYPES
 from posenc.integrations.transformers._layout import rotation_layout
-from posenc.integrations.transformers._mrope import _AxialAdapter, _HFMropeTables, _MropeAdapter
+from posenc.integrations.transformers._mrope import _HFMropeTables, _MropeAdapter
 from posenc.integrations.transformers._patch import is_patched, patch_model, patched, unpatch_model
 from posenc.integrations.transformers._rotary import _rotary_forward, _RotaryAdapter, _RotaryTables
 from posenc.integrations.transformers._stand_in import _FastEntry, _FastRotate, _FastRotateOne, _KernelEntry
 from posenc.integrations.transformers._state import _Call, _Patch
+from posenc.integrations.transformers._vision import _AxialAdapter
 
 __all__ = ["is_patched", "patch_model", "patched", "rotation_layout", "unpatch_model"]
 

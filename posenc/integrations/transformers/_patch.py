@@ -17,10 +17,11 @@ from posenc._torch.rope_call import promise
 from posenc.core import hf_config as core_hf_config
 from posenc.integrations.transformers._bias import _plan_bloom, _plan_mpnet, _plan_mpt, _plan_t5
 from posenc.integrations.transformers._common import _PATCH, _check_module, _config_of, _log, _mrope_section, _rope_type
-from posenc.integrations.transformers._mrope import _MropeAdapter, _plan_axial, _plan_mrope
+from posenc.integrations.transformers._mrope import _MropeAdapter, _plan_mrope
 from posenc.integrations.transformers._rotary import _plan_rotary, _RotaryAdapter
 from posenc.integrations.transformers._stand_in import _plan_fast_rotation
 from posenc.integrations.transformers._state import _is_patched, _Plan, _unpatch_module
+from posenc.integrations.transformers._vision import _plan_axial, _plan_grid_table
 
 # ---- the public entry points ------------------------------------------------------------------------------
 
@@ -130,8 +131,8 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, backend: str |
         if _is_patched(module):
             continue
         where = f"{type(model).__name__}.{path}" if path else type(model).__name__
-        if kind == "vision":
-            vision = _plan_axial(module, where, model)
+        if kind in ("vision", "grid_table"):
+            vision = (_plan_axial if kind == "vision" else _plan_grid_table)(module, where, model)
             if isinstance(vision, str):
                 left.append(f"{where}, a vision tower's 2-D rotary module, is left as the model's own ({vision})")
             else:
@@ -181,6 +182,9 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
         params = list(inspect.signature(cls.forward).parameters)
     except (TypeError, ValueError):
         return None
+    if params[1:] == ["hidden_states"] and isinstance(getattr(module, "freqs_ci", None), torch.Tensor) \
+            and module.freqs_ci.is_complex():
+        return "grid_table"                         # Llama 4's vision tower: a fixed table of its patch grid
     if params[1:3] != ["x", "position_ids"]:
         return None
     if _config_of(module, model) is None:
