@@ -182,8 +182,8 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
         params = list(inspect.signature(cls.forward).parameters)
     except (TypeError, ValueError):
         return None
-    if params[1:] == ["hidden_states"] and isinstance(getattr(module, "freqs_ci", None), torch.Tensor) \
-            and module.freqs_ci.is_complex():
+    table = getattr(module, "freqs_ci", None)
+    if params[1:] == ["hidden_states"] and isinstance(table, torch.Tensor) and table.is_complex():
         return "grid_table"                         # Llama 4's vision tower: a fixed table of its patch grid
     if params[1:3] != ["x", "position_ids"]:
         return None

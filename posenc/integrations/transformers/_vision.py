@@ -216,7 +216,8 @@ def _grid_table(config: Any, device: Any, dtype: torch.dtype) -> torch.Tensor | 
     base = params.get("rope_theta") if isinstance(params, dict) else None
     image, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
     width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if base is None or not all(isinstance(v, int) and v > 0 for v in (image, patch, width, heads)):
+    if base is None or not (isinstance(image, int) and isinstance(patch, int) and isinstance(width, int)
+                            and isinstance(heads, int) and min(image, patch, width, heads) > 0):
         return "its configuration does not give the base, image, patch and head sizes of a patch-grid table"
     side = image // patch
     try:
