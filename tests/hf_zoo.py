@@ -263,7 +263,8 @@ def _inputs(model: torch.nn.Module, length: int) -> dict[str, torch.Tensor]:
         return chosen()
     options = list(_candidates(model, length))
     if not options:
-        raise LookupError(f"needs {getattr(model, 'main_input_name', 'input_ids')} inputs (not text); not run")
+        wanted = _required(model) or [getattr(model, "main_input_name", "input_ids")]
+        raise LookupError(f"needs inputs the sweep does not synthesise ({', '.join(wanted)}); not run")
     if len(options) == 1:
         return options[0]()
     errors = []
