@@ -45,6 +45,12 @@ _SIZES = {
 }
 
 
+#: sizes whose None the model derives from others (or reads as "none"): left as they are
+_DERIVED = {"q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim",
+            "index_n_heads", "n_group", "topk_group", "first_k_dense_replace", "n_shared_experts",
+            "shared_expert_intermediate_size", "moe_intermediate_size"}
+
+
 def model_types() -> dict[str, list[str]]:
     """Every model type of the installed transformers whose modeling code has a rotary class, ALiBi or a
     T5-style relative bias, with which of the three it has."""
@@ -72,6 +78,9 @@ def _shrink(config: Any, seen: set[int]) -> None:
         return
     seen.add(id(config))
     for name, value in list(vars(config).items()):
+        if value is None and name in _SIZES and name not in _DERIVED and hasattr(config, "hidden_size"):
+            setattr(config, name, _SIZES[name])        # left for a checkpoint to give (MiniStral's head_dim)
+            continue
         if isinstance(value, bool) or not isinstance(value, int):
             continue
         if name in _LAYERS and value > 2:

@@ -55,8 +55,9 @@ for the models you pass (it reads their classes and configs, it does not import 
 The package, one idea per module: ``_patch`` (the public functions, the walk over a model, the one
 INFO record), ``_rotary`` (the generic RoPE adapter), ``_selfcheck`` (probes and the allowance),
 ``_layout`` (the pair layout of a model's rotate function), ``_stand_in`` (the stand-in for that
-function, with its contract), ``_mrope`` (multimodal RoPE), ``_vision`` (vision towers' rotary rules), ``_bias`` (ALiBi, T5 and
-MPNet biases), ``_state`` (patch records, apply and undo) and ``_common``.
+function, with its contract), ``_mrope`` (multimodal RoPE), ``_vision`` (vision towers' rotary rules),
+``_recomposed`` (modules that lay per-axis angles out with their own layout step, vision or text), ``_bias``
+(ALiBi, T5 and MPNet biases), ``_state`` (patch records, apply and undo) and ``_common``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from posenc.core import hf_config as core_hf_config
 from posenc.integrations.transformers._bias import _plan_bloom, _plan_mpnet, _plan_mpt, _plan_t5
 from posenc.integrations.transformers._common import _PATCH, _check_module, _config_of, _log, _mrope_section, _rope_type
 from posenc.integrations.transformers._mrope import _MropeAdapter, _plan_mrope
+from posenc.integrations.transformers._recomposed import _plan_recomposed
 from posenc.integrations.transformers._rotary import _plan_rotary, _RotaryAdapter
 from posenc.integrations.transformers._stand_in import _plan_fast_rotation
 from posenc.integrations.transformers._state import _is_patched, _Plan, _unpatch_module
@@ -138,7 +139,14 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, backend: str |
             else:
                 plans.append(vision)
             continue
-        plan = _PLANNERS[kind](module, where, model, assume_valid)
+        try:
+            plan = _PLANNERS[kind](module, where, model, assume_valid)
+        except ValueError:
+            recomposed = _plan_recomposed(module, where, model, text=True)   # the module's own layout step
+            if recomposed is None:
+                raise
+            plans.append(recomposed)
+            continue
         if backend is not None and isinstance(plan.submodule[1] if plan.submodule else None, _RotaryAdapter):
             _plan_fast_rotation(plan, where, backend)
         plans.append(plan)

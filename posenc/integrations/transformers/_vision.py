@@ -1,11 +1,10 @@
-"""Vision towers' 2-D (and 3-D) rotary modules: the axial rule of Qwen2-VL's successors and Pixtral, modules that
-lay per-axis angles out with their own ``recomposition_frequencies`` (MiniMax-M3-VL, Step3, SAM3, Gemma 4), and
-Llama 4's fixed table of patch-grid angles.  Each adapter is verified against the module's own output before
+"""Vision towers' 2-D (and 3-D) rotary modules: the axial rule of Qwen2-VL's successors and Pixtral, and Llama 4's
+fixed table of patch-grid angles; modules that lay per-axis angles out with their own
+``recomposition_frequencies`` (MiniMax-M3-VL, Step3, SAM3, Gemma 4) are read by ``_recomposed``.  Each adapter is verified against the module's own output before
 anything is changed; a module no reading reproduces stays the model's own, and the record says why."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 
 from posenc.core.rope import LinearScaling
 from posenc.integrations.transformers._common import _ULP, _config_of
+from posenc.integrations.transformers._recomposed import _plan_recomposed
 from posenc.integrations.transformers._rotary import _rotary_forward, _to_format
 from posenc.integrations.transformers._selfcheck import _call_original, _compare, _rope_freqs
 from posenc.integrations.transformers._state import _Call, _Plan
@@ -93,106 +93,8 @@ def _plan_axial(module: Any, where: str, model: torch.nn.Module) -> _Plan | str:
         if ok:
             return _Plan(module, "axial", {"forward": _Call(module, _rotary_forward)}, ("posenc_rope", adapter),
                          note=f"vision axial RoPE, head dim {dim}")
-    recomposed = _plan_recomposed(module, where, model, config, inv)
+    recomposed = _plan_recomposed(module, where, model)
     return recomposed if recomposed is not None else "posenc's axial cos/sin do not reproduce its output"
-
-
-# ---- vision towers whose module recomposes per-axis angles (MiniMax-M3-VL, Step3, SAM3, Gemma 4, ...) --------
-
-class _RecomposedAdapter(torch.nn.Module):
-    """What a patched per-axis vision rotary module runs: posenc's exact cos/sin of every coordinate of
-    ``position_ids`` (any number of axes, any shape; coordinates that are not integers, such as SAM3's scaled
-    window positions, from float64 angles), each ``position_ids.shape + (F,)``, handed to the module's
-    own ``recomposition_frequencies`` (which only lays the per-axis values out: concatenation, repetition,
-    interleaving), then scaled and cast as the module does.  The values are posenc's, the layout the module's."""
-
-    def __init__(self, rope: RotaryEmbedding, scale: float, cast: bool) -> None:
-        super().__init__()
-        self.rope, self.scale, self.cast = rope, scale, cast
-
-    def per_axis(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        if position_ids.is_floating_point():        # scaled coordinates (SAM3's windows): angles in float64
-            wide = torch.float32 if position_ids.device.type == "mps" else torch.float64
-            freqs = torch.tensor([float(f) for f in self.rope._freqs], dtype=wide, device=position_ids.device)
-            angle = position_ids.to(wide)[..., None] * freqs
-            return angle.cos().to(work), angle.sin().to(work)
-        cos, sin = self.rope.cos_sin(position_ids.reshape(-1), dtype=work)
-        shape = (*position_ids.shape, cos.shape[-1])
-        return cos.reshape(shape), sin.reshape(shape)
-
-    def finish(self, cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.scale != 1.0:
-            cos, sin = cos * self.scale, sin * self.scale
-        return (cos.to(x.dtype), sin.to(x.dtype)) if self.cast else (cos, sin)
-
-
-def _recomposed_forward(owner: Any, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    return _recompose(owner, owner._modules["posenc_rope"], x, position_ids)
-
-
-def _recompose(module: Any, adapter: _RecomposedAdapter, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
-    cos, sin = adapter.per_axis(x, position_ids)
-    recompose = type(module).recomposition_frequencies
-    return adapter.finish(recompose(module, cos), recompose(module, sin), x)
-
-
-def _plan_recomposed(module: Any, where: str, model: torch.nn.Module, config: Any, inv: torch.Tensor) -> _Plan | None:
-    """A per-axis adapter for a module with a ``recomposition_frequencies`` layout step, verified against the
-    module's own output on 2- and 3-axis positions (distinct per axis, up to ~1000); None where it does not agree."""
-    if not callable(getattr(type(module), "recomposition_frequencies", None)) or inv.dim() != 1:
-        return None
-    params = getattr(config, "rope_parameters", None) or {}
-    base = params.get("rope_theta") if isinstance(params, dict) else getattr(config, "rope_theta", None)
-    scale = getattr(module, "attention_scaling", 1.0)
-    if base is None or not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        return None
-    device = inv.device
-    try:
-        rope = RotaryEmbedding(2 * inv.numel(), base=float(base), max_seq_len=64, device=device)
-    except (ValueError, TypeError):
-        return None
-    twin = copy.deepcopy(module)
-    try:                                             # does the module hand back x's dtype?
-        with torch.no_grad():
-            low = type(twin).forward(twin, torch.zeros(1, device=device, dtype=torch.bfloat16),
-                                     torch.zeros(2, 4, dtype=torch.long, device=device))
-        cast = low[0].dtype == torch.bfloat16
-    except Exception:                                # noqa: BLE001 -- the readings below decide
-        cast = False
-    adapter = _RecomposedAdapter(rope, float(scale), cast)
-    for axes in (2, 3):
-        for axes_first in (True, False):
-            n = 12
-            shape = (axes, n) if axes_first else (n, axes)
-            worst = 0.0
-            for start in (0, 90, 1000):
-                h = torch.arange(start, start + n, device=device)
-                columns = [(h * (2 * a + 3) + a) % (start + 17) for a in range(axes)]
-                positions = torch.stack(columns, 0 if axes_first else -1).reshape(shape)
-                if start == 90:                      # scaled coordinates too (not integers)
-                    positions = positions * 0.4375
-                x = torch.zeros(1, device=device)
-                try:
-                    with torch.no_grad():
-                        want = type(twin).forward(twin, x, positions)
-                        got = _recompose(twin, adapter, x, positions)
-                except Exception:                    # noqa: BLE001 -- another reading is tried
-                    worst = float("inf")
-                    break
-                if not (isinstance(want, tuple) and len(want) == 2 and all(
-                        isinstance(w, torch.Tensor) and w.shape == g.shape for w, g in zip(want, got, strict=True))):
-                    worst = float("inf")
-                    break
-                angle = float(positions.max()) * float(inv.max()) + 1.0
-                allowed = (8.0 + 16.0 * angle) * _ULP * max(abs(float(scale)), 1.0)
-                worst = max(worst, max(float((g.double() - w.double()).abs().max()) for g, w in zip(got, want,
-                                                                                                    strict=True))
-                            / allowed)
-            if worst <= 1.0:
-                return _Plan(module, "axial", {"forward": _Call(module, _recomposed_forward)}, ("posenc_rope", adapter),
-                             note=f"vision per-axis RoPE ({inv.numel()} frequencies per axis, the module's layout)")
-    return None
 
 
 # ---- Llama 4's vision tower: one fixed table for its square patch grid and a class token ------------------------
