@@ -36,7 +36,7 @@ _SIZES = {
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
                      "decoder_attention_heads"), 4),
     **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num"), 2),
-    **dict.fromkeys(("head_dim", "d_kv", "kv_channels"), 16),
+    **dict.fromkeys(("head_dim", "d_kv", "kv_channels", "attention_head_dim"), 16),
     "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16, "q_lora_rank": 32,
     **dict.fromkeys(("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"), 4),
     "num_experts_per_tok": 2, "moe_topk": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
@@ -182,10 +182,13 @@ def _head(config: Any) -> int:
 
 
 def _sections(section: list[int], half: int) -> list[int]:
-    """Multimodal RoPE sections scaled to ``half`` frequency slots (head_dim 16)."""
+    """Multimodal RoPE sections scaled to ``half`` frequency slots (head_dim 16); sections equal in the original
+    stay equal (ERNIE 4.5-VL pairs its height and width slots), the remainder going to the first one that has
+    no equal."""
     total = sum(section)
     out = [max(1, s * half // total) for s in section]
-    out[0] += half - sum(out)
+    unique = [i for i, s in enumerate(section) if section.count(s) == 1]
+    out[unique[0] if unique else 0] += half - sum(out)
     return out
 
 
@@ -211,9 +214,10 @@ def _class_for(model_type: str, config: Any) -> Any:
     raise LookupError("no model class takes this configuration")
 
 
-def _mrope_defaults(model_type: str, config: Any, seen: set[int]) -> None:
+def _mrope_defaults(model_type: str, config: Any, seen: set[int], default: list[int] | None = None) -> None:
     """Multimodal RoPE families whose default configuration leaves the sections to the module (which
-    assumes head_dim 128): sections for the shrunk head."""
+    assumes head_dim 128): the module's default sections (``default``, read from its code), scaled to the
+    shrunk head."""
     if id(config) in seen:
         return
     seen.add(id(config))
@@ -224,10 +228,10 @@ def _mrope_defaults(model_type: str, config: Any, seen: set[int]) -> None:
         if half < 4:
             config.head_dim = 32
             half *= 2
-        params["mrope_section"] = _sections([4, 2, 2], half)
+        params["mrope_section"] = _sections(default or [4, 2, 2], half)
     for value in list(vars(config).values()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-            _mrope_defaults(model_type, value, seen)
+            _mrope_defaults(model_type, value, seen, default)
 
 
 def build(model_type: str, seed: int = 0) -> torch.nn.Module:
@@ -239,7 +243,8 @@ def build(model_type: str, seed: int = 0) -> torch.nn.Module:
     _shrink(config, set())
     source = open(modeling_module(model_type).__file__, encoding="utf-8").read()
     if "mrope_section" in source:
-        _mrope_defaults(model_type, config, set())
+        found = re.search(r"""get\(["']mrope_section["'], \[(\d+), (\d+), (\d+)\]\)""", source)
+        _mrope_defaults(model_type, config, set(), [int(v) for v in found.groups()] if found else None)
     for mapping in _HEADS:
         name = getattr(modeling_auto, mapping).get(model_type)
         if isinstance(name, (tuple, list)):
@@ -306,6 +311,16 @@ def _first_widths(model: torch.nn.Module) -> list[int]:
     return widths
 
 
+def _vocabulary(model: torch.nn.Module) -> int:
+    """Token ids are drawn below 150, or below the input embedding's size where it is smaller (ESM C)."""
+    try:
+        embedding = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return 150
+    size = getattr(embedding, "num_embeddings", None)
+    return min(150, size) if isinstance(size, int) and size > 8 else 150
+
+
 def _required(model: torch.nn.Module) -> list[str]:
     import inspect
 
@@ -339,7 +354,14 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
         return torch.randn(*shape, generator=torch.Generator().manual_seed(1))
 
     if first == "input_ids" and set(required) <= {"input_ids"}:
-        yield lambda: {"input_ids": torch.randint(3, 150, (1, length), generator=torch.Generator().manual_seed(1))}
+        top = _vocabulary(model)
+        yield lambda: {"input_ids": torch.randint(3, top, (1, length), generator=torch.Generator().manual_seed(1))}
+        return
+    if first == "inputs_embeds" and set(required) <= {"inputs_embeds"} and _int(config, "hidden_size", "d_model"):
+        yield lambda: {"inputs_embeds": seeded((1, length, _int(config, "hidden_size", "d_model")))}
+        return
+    if first == "past_values" and set(required) <= {"past_values"}:            # a time series
+        yield lambda: {"past_values": seeded((1, 256))}
         return
     patch = _int(config, "patch_size", "spatial_patch_size")
     channels = _int(config, "num_channels", "in_channels", "in_chans", "num_input_channels", default=3)

@@ -1,7 +1,7 @@
 """Text rotary modules that keep one row of positions per axis and lay the per-axis angles out with their own
-``recomposition_frequencies``: NeoMME (two interleaved axes, one spectrum per layer type) and HunYuan-VL's
+``recomposition_frequencies``: NeoMME (two interleaved axes, one spectrum per layer type), HunYuan-VL's
 M-RoPE (whose sections take the duplicated half from the other axes, which posenc's multimodal rule does not
-express).  ``patch_model`` accepts both, with posenc's exact per-axis values in the module's layout.
+express) and ERNIE 4.5-VL's (its frequencies stored in another order).  ``patch_model`` accepts both, with posenc's exact per-axis values in the module's layout.
 
 The references are transformers' own classes (tiny random models, nothing downloaded) and a float64 oracle
 written from the formula."""
@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 from posenc.integrations.transformers import patch_model  # noqa: E402
 from tests import hf_zoo  # noqa: E402
 
-TYPES = ["neomme", "hunyuan_vl_text"]
+TYPES = ["neomme", "hunyuan_vl_text", "ernie4_5_vl_moe_text"]
 
 
 def _model(model_type):
@@ -58,7 +58,10 @@ def test_patched_values_are_exact_for_every_layer_type_far_out(model_type, caplo
         inv = getattr(module, f"{t}_inv_freq" if t else "inv_freq")
         base = (model.config.rope_parameters[t] if t else model.config.rope_parameters)["rope_theta"]
         count = inv.numel()
-        freqs = np.array([float(base) ** (-2.0 * j / (2 * count)) for j in range(count)])
+        formula = np.array([float(base) ** (-2.0 * j / (2 * count)) for j in range(count)])
+        # the module may keep its frequencies in another order (ERNIE): each slot's nearest formula frequency
+        freqs = formula[[int(np.abs(formula - f).argmin()) for f in inv.double().tolist()]]
+        assert sorted(freqs) == sorted(formula)
         axes = module._modules["posenc_rope"].axes
         angle = torch.from_numpy(positions.expand(axes, -1, -1).double().numpy()[..., None] * freqs)
         recompose = type(module).recomposition_frequencies

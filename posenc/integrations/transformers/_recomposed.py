@@ -26,14 +26,23 @@ class _RecomposedAdapter(torch.nn.Module):
     ``position_ids`` (any number of axes, any shape; coordinates that are not integers, such as SAM3's scaled
     window positions, from float64 angles), each ``position_ids.shape + (F,)``, handed to the module's own
     ``recomposition_frequencies``, then scaled and cast as the module does.  ``ropes`` and ``scales`` are keyed
-    by layer type (``"None"`` without layer types); ``axes``, for a text module, is how many rows of positions
-    it makes of ``(B, S)`` text positions (None: the positions are used as given)."""
+    by layer type (``"None"`` without layer types); ``orders`` holds, per layer type whose module keeps its
+    frequencies in another order (ERNIE 4.5-VL pre-arranges height and width), which of posenc's frequencies
+    each of its slots holds; ``axes``, for a text module, is how many rows of positions it makes of ``(B, S)``
+    text positions (None: the positions are used as given)."""
 
     def __init__(self, ropes: dict[str, RotaryEmbedding], scales: dict[str, float], cast: bool,
-                 axes: int | None = None) -> None:
+                 axes: int | None = None, orders: dict[str, list[int]] | None = None) -> None:
         super().__init__()
         self.ropes = torch.nn.ModuleDict(ropes)
         self.scales, self.cast, self.axes = scales, cast, axes
+        device = next(iter(ropes.values())).packed_table.device
+        for key, order in (orders or {}).items():
+            self.register_buffer(f"order_{key}", torch.tensor(order, device=device), persistent=False)
+
+    def _ordered(self, t: torch.Tensor, key: str) -> torch.Tensor:
+        order = self._buffers.get(f"order_{key}")
+        return t if order is None else t.index_select(-1, order)
 
     def per_axis(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: Any = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,10 +54,13 @@ class _RecomposedAdapter(torch.nn.Module):
             wide = torch.float32 if position_ids.device.type == "mps" else torch.float64
             freqs = torch.tensor([float(f) for f in rope._freqs], dtype=wide, device=position_ids.device)
             angle = position_ids.to(wide)[..., None] * freqs
-            return angle.cos().to(work), angle.sin().to(work)
-        cos, sin = rope.cos_sin(position_ids.reshape(-1), dtype=work)
-        shape = (*position_ids.shape, cos.shape[-1])
-        return cos.reshape(shape), sin.reshape(shape)
+            cos, sin = angle.cos().to(work), angle.sin().to(work)
+        else:
+            cos, sin = rope.cos_sin(position_ids.reshape(-1), dtype=work)
+            shape = (*position_ids.shape, cos.shape[-1])
+            cos, sin = cos.reshape(shape), sin.reshape(shape)
+        key = str(layer_type)
+        return self._ordered(cos, key), self._ordered(sin, key)
 
     def finish(self, cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, layer_type: Any = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +104,19 @@ def _rules(module: Any, config: Any) -> dict[str, tuple[torch.Tensor, float, flo
     return rules or None
 
 
+def _order(inv: torch.Tensor, rope: RotaryEmbedding) -> list[int] | None:
+    """Which of posenc's frequencies each of the module's slots holds (within float32 rounding), or None where
+    they are not the same frequencies in some order."""
+    mine = [float(f) for f in rope._freqs]
+    order = []
+    for f in inv.detach().double().cpu().tolist():
+        j = min(range(len(mine)), key=lambda i: abs(mine[i] - f))
+        if abs(mine[j] - f) > 1e-6 * mine[j]:
+            return None
+        order.append(j)
+    return order if sorted(order) == list(range(len(mine))) else None
+
+
 def _probes(axes: int, text: bool, device: Any) -> list[list[torch.Tensor]]:
     """Position readings to check, each a list of position tensors from 0, from 90 and from 1000, distinct per
     axis: for a vision tower, ``(axes, N)`` or ``(N, axes)`` (from 90 scaled by 0.4375: not integers); for a
@@ -126,6 +151,13 @@ def _plan_recomposed(module: Any, where: str, model: torch.nn.Module, text: bool
     except (ValueError, TypeError):
         return None
     scales = {k: scale for k, (_, _, scale) in rules.items()}
+    orders = {}
+    for key, (inv, _, _) in rules.items():
+        order = _order(inv, ropes[key])
+        if order is None:
+            return None
+        if order != list(range(len(order))):
+            orders[key] = order
     twin = copy.deepcopy(module)
 
     def own(x: torch.Tensor, positions: torch.Tensor, layer_type: str) -> Any:
@@ -141,7 +173,7 @@ def _plan_recomposed(module: Any, where: str, model: torch.nn.Module, text: bool
         cast = False
     top = max(float(inv.max()) for inv, _, _ in rules.values())
     for axes in (2, 3):
-        adapter = _RecomposedAdapter(ropes, scales, cast, axes if text else None)
+        adapter = _RecomposedAdapter(ropes, scales, cast, axes if text else None, orders)
         for reading in _probes(axes, text, device):
             if _agrees(twin, adapter, own, reading, list(rules), top, max(abs(s) for s in scales.values())):
                 kind, what = ("recomposed", "text") if text else ("axial", "vision")
