@@ -386,6 +386,9 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
             shapes += [(count, flat) for flat in flats] + [(1, count, flat) for flat in flats]
         else:
             shapes += [(1, count, flat) for flat in flats]
+        image = _int(config, "image_size", "img_size")
+        if image and image // patch != side:           # a position table for the whole configured image
+            shapes += [(1, (image // patch) ** 2, flat) for flat in flats]
         shapes += [(1, channels, side * patch, side * patch), (count, channels, temporal, patch, patch),
                    (count, channels, patch, patch), (1, count, channels, patch, patch)]
     image = _int(config, "image_size", "img_size")
