@@ -73,6 +73,14 @@ def model_types() -> dict[str, list[str]]:
     return found
 
 
+def _get(config: Any, name: str) -> Any:
+    """A configuration attribute, or None (also where a per-layer configuration refuses a global read)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:                                  # noqa: BLE001 -- transformers' per-layer attributes
+        return None
+
+
 def _shrink(config: Any, seen: set[int]) -> None:
     if id(config) in seen:
         return
@@ -89,20 +97,20 @@ def _shrink(config: Any, seen: set[int]) -> None:
             setattr(config, name, _SIZES[name])
         elif name.endswith(("_token_id", "_token_index")) and value >= VOCAB - 56:
             setattr(config, name, VOCAB - 56 + (abs(hash(name)) % 50))
-    if isinstance(getattr(config, "qk_rope_head_dim", None), int):
-        if getattr(config, "head_dim", None) is not None:
+    if isinstance(_get(config, "qk_rope_head_dim"), int):
+        if _get(config, "head_dim") is not None:
             config.head_dim = config.qk_rope_head_dim                     # MLA: head_dim is the rotary part
-        if isinstance(getattr(config, "num_key_value_heads", None), int):
+        if isinstance(_get(config, "num_key_value_heads"), int):
             config.num_key_value_heads = config.num_attention_heads       # MLA: one key per head
     for name in ("num_experts_per_tok", "moe_k"):
         if name in vars(config) and (getattr(config, name) is None or getattr(config, name) > 2):
             setattr(config, name, 2)
-    if isinstance(getattr(config, "qk_head_dim", None), int):
+    if isinstance(_get(config, "qk_head_dim"), int):
         config.qk_head_dim = config.qk_rope_head_dim + config.qk_nope_head_dim
     ratio = vars(config).get("pixel_shuffle_ratio")
     if isinstance(ratio, float) and isinstance(vars(config).get("intermediate_size"), int):
         config.intermediate_size = int(config.hidden_size / ratio ** 2)    # Llama 4's vision adapter: the shuffle
-    if isinstance(getattr(config, "rotary_dim", None), int) and config.rotary_dim > 8:
+    if isinstance(_get(config, "rotary_dim"), int) and config.rotary_dim > 8:
         config.rotary_dim = 8                                             # GPT-J, CodeGen: part of head_dim 16
     _keep_rotary_pairs(config)
     for key in ("rope_parameters", "rope_scaling"):
@@ -113,11 +121,11 @@ def _shrink(config: Any, seen: set[int]) -> None:
                                                                                  1.0) or 1.0))) // 2
         if isinstance(params.get("mrope_section"), list):
             params["mrope_section"] = _sections(params["mrope_section"], half)
-    kv = getattr(config, "num_key_value_heads", None)
-    heads = getattr(config, "num_attention_heads", None)
+    kv = _get(config, "num_key_value_heads")
+    heads = _get(config, "num_attention_heads")
     if isinstance(kv, int) and isinstance(heads, int) and heads % kv:
         config.num_key_value_heads = heads
-    types = getattr(config, "layer_types", None)
+    types = _get(config, "layer_types")
     layers = next((getattr(config, n) for n in _LAYERS if isinstance(getattr(config, n, None), int)), None)
     if isinstance(types, list) and layers is not None and len(types) != layers:
         distinct = list(dict.fromkeys(types))

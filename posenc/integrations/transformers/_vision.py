@@ -1,7 +1,8 @@
 """Vision towers' 2-D (and 3-D) rotary modules: the axial rule of Qwen2-VL's successors and Pixtral, and Llama 4's
 fixed table of patch-grid angles; modules that lay per-axis angles out with their own
-``recomposition_frequencies`` (MiniMax-M3-VL, Step3, SAM3, Gemma 4) are read by ``_recomposed``.  Each adapter is verified against the module's own output before
-anything is changed; a module no reading reproduces stays the model's own, and the record says why."""
+``recomposition_frequencies`` (MiniMax-M3-VL, Step3, SAM3, Gemma 4) are read by ``_recomposed``.  Each adapter
+is verified against the module's own output before anything is changed; a module no reading reproduces stays
+the model's own, and the record says why."""
 
 from __future__ import annotations
 
@@ -49,7 +50,16 @@ class _AxialAdapter(torch.nn.Module):
 
 
 def _plan_axial(module: Any, where: str, model: torch.nn.Module) -> _Plan | str:
-    """An axial vision adapter verified against the module, or why there is none."""
+    """An axial vision adapter verified against the module, else a per-axis one through the module's own layout
+    step (:mod:`._recomposed`), or why there is none."""
+    axial = _plan_axial_rule(module, model)
+    if isinstance(axial, _Plan):
+        return axial
+    recomposed = _plan_recomposed(module, where, model)
+    return recomposed if recomposed is not None else axial
+
+
+def _plan_axial_rule(module: Any, model: torch.nn.Module) -> _Plan | str:
     config = _config_of(module, model)
     params = getattr(config, "rope_parameters", None) or {}
     base = params.get("rope_theta") if isinstance(params, dict) else None
@@ -93,8 +103,7 @@ def _plan_axial(module: Any, where: str, model: torch.nn.Module) -> _Plan | str:
         if ok:
             return _Plan(module, "axial", {"forward": _Call(module, _rotary_forward)}, ("posenc_rope", adapter),
                          note=f"vision axial RoPE, head dim {dim}")
-    recomposed = _plan_recomposed(module, where, model)
-    return recomposed if recomposed is not None else "posenc's axial cos/sin do not reproduce its output"
+    return "posenc's axial cos/sin do not reproduce its output"
 
 
 # ---- Llama 4's vision tower: one fixed table for its square patch grid and a class token ------------------------
