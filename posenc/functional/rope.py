@@ -62,7 +62,7 @@ from posenc.core import exact as core_exact
 from posenc.core import rope as core_rope
 from posenc.core.notices import LOGGER_NAME
 from posenc.core.rope import ROPE_LAYOUTS
-from posenc.kernels import engine, rope_engine, torch_rope
+from posenc.kernels import engine, rope_engine, torch_mix, torch_rope
 
 __all__ = [
     "apply_rope",
@@ -357,6 +357,7 @@ def apply_rope_qk(
     cu_seqlens: torch.Tensor | None = None,
     inverse: bool = False,
     rotary_slice: str = "first",
+    rounding: str = "exact",
     assume_in_table: bool = UNSET,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate queries and keys together from ``(P, d/2)`` cos/sin tables.
@@ -399,11 +400,19 @@ def apply_rope_qk(
             GPT-NeoX and Llama) or ``"last"`` (the trailing ones, as DeepSeek-V4's latent heads);
             the other ``D - d`` features pass through unchanged.  Out of place, ``"last"`` copies q
             and k once and rotates the trailing features of the copies in place.
+        rounding: ``"exact"`` (the default: each output computed in float32, float64 for float64
+            inputs, and rounded once) or ``"model"``: rounded as a model's own eager code,
+            ``q * cos + rotate_half(q) * sin`` in q's dtype, rounds (the rows rounded to q's dtype,
+            each product and the sum rounded to it), so that a bfloat16 or float16 model's rotation
+            is reproduced bit for bit where its cos/sin are the same.  ``"model"`` runs on the torch
+            engine in eager mode; with ``backend="triton"`` or under ``torch.compile`` (whose fused
+            kernels round as they choose) it raises.
 
     Raises:
         TypeError: non-tensor or non-floating q/k/cos/sin, non-integer positions.
-        ValueError: shapes that do not match, positions outside the tables, an unknown layout or
-            backend, ``backend="triton"`` for a case the kernel cannot take.
+        ValueError: shapes that do not match, positions outside the tables, an unknown layout,
+            backend or rounding, ``backend="triton"`` for a case the kernel cannot take,
+            ``rounding="model"`` with ``backend="triton"`` or while compiling.
 
     Returns:
         ``(q_rotated, k_rotated)`` (``k_rotated`` is None when ``k`` is None).
@@ -419,9 +428,11 @@ def apply_rope_qk(
         >>> torch.equal(packed[3:], alone[0])
         True
     """
+    if rounding != "exact":
+        _check_model_rounding(rounding, backend)
     if rotary_slice != "first":
         return _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, backend, assume_valid,
-                                cu_seqlens, inverse, rotary_slice, assume_in_table)
+                                cu_seqlens, inverse, rotary_slice, assume_in_table, rounding)
     key = None
     if (cu_seqlens is None and assume_in_table is UNSET and type(q) is torch.Tensor and type(cos) is torch.Tensor
             and type(sin) is torch.Tensor and type(offset) is int and type(seq_dim) is int
@@ -438,7 +449,7 @@ def apply_rope_qk(
                    cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   layout, seq_dim, inplace, backend, assume_valid, inverse, grad)
+                   layout, seq_dim, inplace, backend, assume_valid, inverse, grad, rounding)
         except RuntimeError:                                            # (sparse tensors have no strides)
             key = None
         plan = plans.find(key, q, k, positions, offset, inplace)
@@ -447,7 +458,8 @@ def apply_rope_qk(
     elif cu_seqlens is not None and assume_in_table is UNSET and positions is None:
         # step 0 for a packed batch: a call like one validated before runs its plan after the range of its
         # positions (and the validity of cu_seqlens) is read, or without a read when promised
-        key = _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume_valid, inverse)
+        key = _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume_valid, inverse,
+                          rounding)
         plan = plans.get(key)
         if plan is not None and (not inplace or k is None or not torch._C._overlaps(q, k)):
             lo, hi = varlen_range(cu_seqlens, q.shape[0], offset) if plan.read_range else (0, -1)
@@ -459,18 +471,33 @@ def apply_rope_qk(
         _validate.check_bool("inverse", inverse)
     if cu_seqlens is not None:
         return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_valid,
-                                  cu_seqlens, inverse, key)
+                                  cu_seqlens, inverse, key, rounding)
     sd, positions, offset, _ = check_call(q, k, seq_dim, table_rotary_dim(cos, sin), positions, offset, inplace,
                                           assume_valid)
     check_table_options(q, cos, sin, layout, backend)
     positions = table_positions_ok(positions, offset, q.shape[sd], cos.shape[0], assume_valid)
     read_range = positions is not None and not assume_valid and q.shape[sd] > 0
-    return rotate(key, engine("rope_qk", choose_engine(backend, q, k, sd)), q, k, cos, sin, None, positions, offset,
-                  layout, sd, inplace, read_range, inverse)
+    mod = torch_mix if rounding == "model" else engine("rope_qk", choose_engine(backend, q, k, sd))
+    return rotate(key, mod, q, k, cos, sin, None, positions, offset, layout, sd, inplace, read_range, inverse)
+
+
+#: How :func:`apply_rope_qk` rounds: once from float32 (``"exact"``), or as a model's eager code (``"model"``).
+ROUNDINGS = ("exact", "model")
+
+
+def _check_model_rounding(rounding: object, backend: object) -> None:
+    """``rounding`` is known, and ``"model"`` is asked where it can run (the torch engine, eager)."""
+    _validate.check_choice("rounding", rounding, ROUNDINGS)
+    if backend == "triton":
+        raise ValueError("rounding='model' runs on the torch engine (the Triton kernel computes in float32 and "
+                         "rounds once); pass backend='torch' or 'auto', or rounding='exact'")
+    if torch.compiler.is_compiling():
+        raise ValueError("rounding='model' reproduces eager per-operation rounding, which torch.compile's fused "
+                         "kernels do not keep; use rounding='exact' in compiled code")
 
 
 def _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, backend, assume_valid, cu_seqlens,
-                     inverse, rotary_slice, assume_in_table):
+                     inverse, rotary_slice, assume_in_table, rounding="exact"):
     """:func:`apply_rope_qk` with ``rotary_slice="last"``: the trailing features' views rotated in place
     by the ``"first"`` call (which validates everything else and keeps its plan)."""
     check_rotary_slice(rotary_slice)
@@ -480,11 +507,12 @@ def _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace
     qv, kv, qo, ko = trailing(q, k, d, inplace)
     apply_rope_qk(qv, kv, cos, sin, positions=positions, offset=offset, layout=layout, seq_dim=seq_dim, inplace=True,
                   backend=backend, assume_valid=assume_valid, cu_seqlens=cu_seqlens, inverse=inverse,
-                  assume_in_table=assume_in_table)
+                  rounding=rounding, assume_in_table=assume_in_table)
     return qo, ko
 
 
-def _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume, inverse) -> tuple | None:
+def _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume, inverse,
+                rounding="exact") -> tuple | None:
     """The plan key of a packed call (:mod:`posenc._torch.plans`), None for a call no plan serves:
     arguments of other types than a plan's, strided ``cu_seqlens`` or offsets, tracing."""
     if not (type(q) is torch.Tensor and type(cos) is torch.Tensor and type(sin) is torch.Tensor
@@ -503,13 +531,13 @@ def _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, as
                 cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
                 cu_seqlens.shape, cu_seqlens.dtype, cu_seqlens.device,
                 None if not isinstance(offset, torch.Tensor) else (offset.shape, offset.dtype, offset.device),
-                layout, inplace, backend, assume, inverse, grad)
+                layout, inplace, backend, assume, inverse, grad, rounding)
     except RuntimeError:                                                # (sparse tensors have no strides)
         return None
 
 
 def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens, inverse,
-                       key=None):
+                       key=None, rounding="exact"):
     """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``; the call's
     engine prepared once is kept as the plan of ``key``."""
     cu_seqlens, offset = check_varlen_call(q, k, table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
@@ -527,7 +555,7 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
     why = None
     if kernel_possible(backend, q):
         why = kernel_limits(q[None], 1) or (None if k is None else kernel_limits(k[None], 1))
-    mod = engine("rope_qk", choose_engine(backend, q, k, None, why or ""))
+    mod = torch_mix if rounding == "model" else engine("rope_qk", choose_engine(backend, q, k, None, why or ""))
     if (key is None or torch.compiler.is_compiling() or (inplace and inplace_pair_overlaps(q, k))
             or (inplace and torch.is_grad_enabled() and (q.requires_grad or k is not None and k.requires_grad))):
         return feed(mod.rope_qk, q, k, inplace, cos=cos, sin=sin, positions=None, offset=offset, layout=layout,

@@ -4,7 +4,8 @@
 
 - ``rope_qk``: rotate queries and keys by the rows of ``(P, d/2)`` cos/sin tables for ``positions``
   (``(S,)``/``(B, S)``) or ``offset + arange(S)``, or a packed batch (``cu_seqlens``):
-  :mod:`~posenc.kernels.torch_rope` and :mod:`~posenc.kernels.triton_rope`;
+  :mod:`~posenc.kernels.torch_rope` and :mod:`~posenc.kernels.triton_rope`, and, for
+  ``rounding="model"`` (rounded as a model's eager code rounds), :mod:`~posenc.kernels.torch_mix`;
 - ``rope_and_cache``: rotate q, and write the rotated k and v into a contiguous or paged KV cache:
   :mod:`~posenc.kernels.torch_cache` and :mod:`~posenc.kernels.triton_cache`;
 - ``rms_norm_rope_qk``: the per-head (or per-token) RMSNorm of q and k followed by the rotation:

@@ -45,7 +45,7 @@ _is_compiling = torch.compiler.is_compiling
 
 class _FastEntry:
     """What rotates q and k as the model's function would with the cos/sin of one call of a patched
-    rotary module: posenc's torch engine, with the factors of :mod:`posenc.kernels.torch_mix` in
+    rotary module: posenc's ``rounding="model"`` engine (:mod:`posenc.kernels.torch_mix`), with its factors in
     the model's dtype (widened to float32 with ``widen``, for functions that compute there), broadcast
     as the model broadcasts cos (``unsqueeze_dim``).  It serves 4-D tensors of cos's dtype and
     sequence length, and heads wider than the rotary dim only where the function was seen to pass
