@@ -138,6 +138,18 @@ def check_embeddings(x: object, dim: int) -> None:
         )
 
 
+def embedding_seq_axis(x: torch.Tensor, seq_dim: object) -> int:
+    """The sequence axis of embeddings ``x`` (checked by :func:`check_embeddings`): ``0`` for ``(S, B, D)``
+    (``seq_dim=0``, the layout of ``nn.Transformer`` without ``batch_first``), else ``x.dim() - 2``."""
+    if type(seq_dim) is int and seq_dim in (-2, x.dim() - 2):
+        return x.dim() - 2
+    if type(seq_dim) is int and x.dim() == 3 and seq_dim in (0, -3):
+        return 0
+    raise ValueError(
+        f"seq_dim must be x's sequence axis: -2 (or 1) for (B, S, D) and (S, D) embeddings, 0 for (S, B, D) "
+        f"(nn.Transformer's default layout, batch_first=False), got {seq_dim!r} for x of shape {tuple(x.shape)}")
+
+
 def check_same_device(name: str, t: torch.Tensor, other: str, device: torch.device) -> None:
     """``t`` must be on ``device``, where ``other`` (a module's tables, ``q``) lives."""
     if t.device != device:

@@ -13,7 +13,13 @@ from torch import nn
 from posenc import _validate
 from posenc._deprecate import UNSET, renamed
 from posenc._torch.angles import has_float64, host_round
-from posenc._torch.checks import check_embeddings, check_float_dtype, check_position_args, check_same_device
+from posenc._torch.checks import (
+    check_embeddings,
+    check_float_dtype,
+    check_position_args,
+    check_same_device,
+    embedding_seq_axis,
+)
 from posenc._torch.rows import position_range
 from posenc.core import sinusoidal as core_sinusoidal
 from posenc.core.sinusoidal import check_learned_args
@@ -96,10 +102,17 @@ class LearnedPositionalEmbedding(nn.Module):
             if self.padding_idx is not None:
                 self.weight[self.padding_idx].zero_()
 
-    def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
-        """Return ``x + weight[positions]`` (``positions`` default ``offset + arange(S)``)."""
+    def forward(self, x: torch.Tensor, *, positions: torch.Tensor | None = None, offset: int = 0,
+                seq_dim: int = -2) -> torch.Tensor:
+        """Return ``x + weight[positions]`` (``positions`` default ``offset + arange(S)``).
+
+        ``x`` is ``(B, S, D)`` or ``(S, D)``, or ``(S, B, D)`` with ``seq_dim=0`` (``nn.Transformer``'s default
+        layout); ``positions`` is ``(S,)`` or ``(B, S)`` either way."""
         check_embeddings(x, self.dim)
         check_same_device("x", x, "the weight", self.weight.device)
+        sd = embedding_seq_axis(x, seq_dim)
+        if sd == 0 and x.dim() == 3:                                        # (S, B, D): the same rows per batch
+            return self.forward(x.transpose(0, 1), positions=positions, offset=offset).transpose(0, 1)
         seq_len = x.shape[-2]
         positions, offset = check_position_args(positions, offset, seq_len, x.shape[0] if x.dim() == 3 else None, x.device)
         if positions is None:

@@ -8,7 +8,7 @@ import torch
 
 from posenc import _validate
 from posenc._torch.angles import angle_dtype, check_float64_available, has_float64, host_round
-from posenc._torch.checks import check_embeddings, check_float_dtype, check_same_device
+from posenc._torch.checks import check_embeddings, check_float_dtype, check_same_device, embedding_seq_axis
 from posenc._torch.tables import TableModule
 from posenc.core import sincos_nd as core_sincos_nd
 from posenc.core.sincos_nd import old_argument_order
@@ -178,15 +178,20 @@ class SinusoidalEncodingND(TableModule):
             return self._own_table(dtype) if buffer is None else buffer         # no host maths for the own grid
         return self._compute(grid_shape, dtype, self.table_main.device)
 
-    def forward(self, x: torch.Tensor, *, grid_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, grid_shape: tuple[int, ...] | None = None, seq_dim: int = -2) -> torch.Tensor:
         """Return ``x * scale + PE``.
 
         Args:
-            x: ``(B, N, D)`` or ``(N, D)`` patch embeddings, ``N = prefix_tokens + prod(grid_shape)``.
+            x: ``(B, N, D)`` or ``(N, D)`` patch embeddings, ``N = prefix_tokens + prod(grid_shape)``, or
+                ``(N, B, D)`` with ``seq_dim=0``.
             grid_shape: the grid of ``x`` if it differs from the module's (another resolution); its
                 table is computed exactly for this call.
+            seq_dim: the token axis of ``x``: ``-2`` (batch first, the default) or ``0`` (``nn.Transformer``'s
+                default layout).
         """
         check_embeddings(x, self.dim)
+        if embedding_seq_axis(x, seq_dim) == 0 and x.dim() == 3:          # (N, B, D): the same rows per batch
+            return self.forward(x.transpose(0, 1), grid_shape=grid_shape).transpose(0, 1)
         if self.scale != 1.0 and abs(self.scale) > torch.finfo(x.dtype).max:
             raise ValueError(f"scale={self.scale:g} overflows x's dtype {x.dtype}; pass a smaller scale or a wider x")
         check_same_device("x", x, "the tables", self.table_main.device)

@@ -14,6 +14,7 @@ from posenc._torch.checks import (
     check_position_args,
     check_position_bounds,
     check_same_device,
+    embedding_seq_axis,
 )
 from posenc._torch.rows import position_range, provably_in_table, table_rows
 from posenc._torch.tables import TableModule
@@ -55,7 +56,8 @@ class SinusoidalEncoding(TableModule):
         dtype: dtype of the main table, float32 (default) or float64.
 
     Shape:
-        ``x``: ``(B, S, D)`` or ``(S, D)``; ``positions``: ``(S,)`` or ``(B, S)``; output: like ``x``.
+        ``x``: ``(B, S, D)`` or ``(S, D)`` (``(S, B, D)`` with ``seq_dim=0``); ``positions``: ``(S,)`` or
+        ``(B, S)``; output: like ``x``.
 
     Examples:
         >>> enc = SinusoidalEncoding(6, max_seq_len=10)
@@ -155,9 +157,8 @@ class SinusoidalEncoding(TableModule):
         positions = torch.arange(offset, offset + length, device=self.table_main.device)
         return self._exact(positions).to(self.table_main.dtype)
 
-    def _encoding(self, x: torch.Tensor, positions: torch.Tensor | None, offset: int) -> torch.Tensor:
+    def _encoding(self, x: torch.Tensor, positions: torch.Tensor | None, offset: int, seq_len: int) -> torch.Tensor:
         """The encoding to add to ``x``: ``(S, D)`` or ``(B, S, D)`` in ``x.dtype``."""
-        seq_len = x.shape[-2]
         table = self.table_main if x.dtype == self.table_main.dtype else getattr(self, _HALF.get(x.dtype, ""), None)
         if positions is None:
             if torch.compiler.is_compiling():
@@ -183,26 +184,35 @@ class SinusoidalEncoding(TableModule):
         positions: torch.Tensor | None = None,
         offset: int = 0,
         inplace: bool = False,
+        seq_dim: int = -2,
     ) -> torch.Tensor:
         """Return ``x * scale + PE`` (then dropout).
 
         Args:
-            x: ``(B, S, D)`` or ``(S, D)`` floating tensor.
+            x: ``(B, S, D)`` or ``(S, D)`` floating tensor, or ``(S, B, D)`` with ``seq_dim=0``.
             positions: optional integer positions ``(S,)`` or ``(B, S)`` (e.g. from
                 :func:`posenc.functional.positions_from_mask`); default ``offset + arange(S)``.
             offset: first position when ``positions`` is None (decoding step by step).
             inplace: add into ``x`` and return it (no output allocation: the fast path).  Needs
                 ``x`` not to be a leaf that requires grad.
+            seq_dim: the sequence axis of ``x``: ``-2`` (batch first, the default) or ``0`` for
+                ``(S, B, D)``, the layout ``nn.Transformer`` and ``nn.TransformerEncoder`` use unless
+                built with ``batch_first=True``.
         """
         check_embeddings(x, self.dim)
         check_same_device("x", x, "the tables", self.table_main.device)
-        positions, offset = check_position_args(positions, offset, x.shape[-2], x.shape[0] if x.dim() == 3 else None, x.device)
+        sd = embedding_seq_axis(x, seq_dim)
+        seq_len = x.shape[sd]
+        batch = None if x.dim() == 2 else x.shape[1 - sd]
+        positions, offset = check_position_args(positions, offset, seq_len, batch, x.device)
         _validate.check_bool("inplace", inplace)
         if inplace and not torch.compiler.is_compiling():
             check_inplace("x", x)
         if self.scale != 1.0 and abs(self.scale) > torch.finfo(x.dtype).max:
             raise ValueError(f"scale={self.scale:g} overflows x's dtype {x.dtype}; pass a smaller scale or a wider x")
-        pe = self._encoding(x, positions, offset)
+        pe = self._encoding(x, positions, offset, seq_len)
+        if sd == 0 and x.dim() == 3:                                        # (S, B, D): rows broadcast per batch
+            pe = pe.unsqueeze(1) if pe.dim() == 2 else pe.transpose(0, 1)
         grad_path = torch.is_grad_enabled() and x.requires_grad
         if inplace:
             if grad_path:
