@@ -1,8 +1,9 @@
 """posenc for Keras 3: the same encodings, argument names and numbers on any Keras backend.
 
-Install with ``pip install ".[keras]"`` in a clone of posenc (``pip install "posenc[keras]"`` once
-posenc is on PyPI) and pick the backend with ``KERAS_BACKEND`` (``jax``, ``tensorflow`` or
-``torch``).  Importing this package never imports torch itself; the tables come from the
+Install with ``pip install ".[keras-jax]"`` in a clone of posenc (Keras and JAX; ``.[keras]`` for Keras alone,
+where a backend is installed) and pick the backend with ``KERAS_BACKEND`` (``jax``, ``tensorflow`` or
+``torch``) before the first import of Keras; without that backend the import raises one ``ImportError``
+saying what to install and set.  Importing this package never imports torch itself; the tables come from the
 framework-free :mod:`posenc.core` (NumPy float64), as on the torch side.
 """
 
@@ -23,6 +24,7 @@ from posenc.core.schedule import (
     RopeSpec,
     SSMaxTemperature,
 )
+from posenc.keras import _backend  # noqa: F401  (first: a missing Keras or backend is one clear error)
 from posenc.keras.axial_rotary import AxialRotaryEmbedding
 from posenc.keras.bias import AlibiBias, RelativePositionBias
 from posenc.keras.learned import LearnedPositionalEmbedding
