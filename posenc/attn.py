@@ -429,6 +429,13 @@ def _layer_options(encoding, layer, window, chunk, temperature, sinks=None) -> t
     return encoding, _Structure(window, chunk, check_temperature(temperature), sinks)
 
 
+def _sink_logits(sinks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Sink logits in ``dtype``, ``+inf`` (and anything past half the dtype's largest value) lowered to that: the
+    limit of a sink logit growing without bound, which takes all the weight (its value is zero, so the output is
+    0), instead of the NaN of ``inf - inf`` inside the softmax."""
+    return sinks.to(dtype).clamp(max=torch.finfo(dtype).max / 2)
+
+
 def _check_sinks(sinks: object, q: torch.Tensor) -> None:
     """Sink logits must be a floating ``(H,)`` tensor on q's device."""
     if sinks is None:
@@ -548,7 +555,7 @@ def _scores_attention(q, k, v, encoding, positions, key_positions, offsets, segm
     if mask is not None:
         scores = scores + mask
     if structure.sinks is not None:                                              # one more logit per head, no value
-        sink = structure.sinks.to(work)[None, :, None, None].expand(*scores.shape[:3], 1)
+        sink = _sink_logits(structure.sinks, work)[None, :, None, None].expand(*scores.shape[:3], 1)
         probs = torch.softmax(torch.cat([scores, sink], -1), dim=-1)[..., :-1]  # (B, H, S, S_k)
     else:
         probs = torch.softmax(scores, dim=-1)
@@ -591,7 +598,7 @@ def _sdpa(q, k, v, mask, dropout_p: float, scale: float, sinks: torch.Tensor | N
             mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
         last = F.pad(torch.zeros(k.shape[2] - 1, dtype=torch.bool, device=q.device), (0, 1), value=True)  # (S_k + 1,)
         # the mask with one more column, the sink logit: (B|1, H, S|1, S_k + 1)
-        mask = torch.where(last, sinks.to(q.dtype)[None, :, None, None], F.pad(mask.to(q.dtype), (0, 1)))
+        mask = torch.where(last, _sink_logits(sinks, q.dtype)[None, :, None, None], F.pad(mask.to(q.dtype), (0, 1)))
     if q.shape[1] != k.shape[1]:
         if _SDPA_HAS_GQA:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
@@ -829,7 +836,7 @@ def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scal
     if sinks is not None:
         is_sink = _pad_to_block(F.pad(torch.zeros(S_k, dtype=torch.bool, device=q.device), (0, 1), value=True), 0,
                                 value=False)                                     # (Skp,)
-        mask_mod, score_mod = _with_sink(mask_mod, score_mod, is_sink, sinks.to(q.dtype))
+        mask_mod, score_mod = _with_sink(mask_mod, score_mod, is_sink, _sink_logits(sinks, q.dtype))
     block_mask = None
     if causal or seg is not None or Skp != S_k or Sp != S or window is not None or chunk is not None:
         block_mask = create_block_mask(mask_mod, B, None, Sp, Skp, device=q.device)

@@ -114,8 +114,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _no_empty_entries(text: str, example: str) -> None:
+    """A comma-separated list has no empty entry (two commas in a row, or one at either end)."""
+    if text.strip() and any(not v.strip() for v in text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"an empty entry in {_shown(text)} (two commas in a row, or one at an end); pass e.g. {example}")
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     """Evaluation lengths: comma-separated integers from 1 to MAX_COMPARE_LEN."""
+    _no_empty_entries(text, "64,128,256")
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -137,6 +145,7 @@ def _name_list(text: str) -> tuple[str, ...]:
     """Encoding names: comma-separated, known, each at most once; ``rope+<rule>`` for the tasks."""
     from posenc.lab.lengthgen import ROPE_RULE_NAMES
 
+    _no_empty_entries(text, "rope,alibi")
     names = tuple(v.strip() for v in text.split(",") if v.strip())
     choose = (f"choose from {', '.join(ENCODINGS)} (and, with the copy, reverse, addition and passkey tasks, "
               f"rope+<rule> with rule one of {', '.join(ROPE_RULE_NAMES)})")
@@ -395,6 +404,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     figure = "compare.png" if args.task in ("lm", "position") else f"{args.task}.png"
     _prepare_folder(out, ["results.json", figure])                  # fail before minutes of training
     encodings = args.encodings if args.encodings is not None else DEFAULT_ENCODINGS
+    if args.eval_lens is not None and args.task != "lm":
+        args.command_parser.error(f"argument --eval-lens: lm only; --task {args.task} tests at its own lengths "
+                                  "(the tasks at 1x to 8x, extend at 1x to 16x the training length)")
+    if args.seeds is not None and args.task in ("lm", "position"):
+        args.command_parser.error(f"argument --seeds: for the tasks and extend; --task {args.task} trains one "
+                                  "model per encoding from --seed")
+    if args.addition_order is not None and args.task != "addition":
+        args.command_parser.error(f"argument --addition-order: for --task addition only, not --task {args.task}")
     if args.task not in TASKS and any("+" in n for n in encodings):
         args.command_parser.error(f"argument --encodings: rope+<rule> is for the tasks {', '.join(TASKS)}; "
                                   "--task lm evaluates every rule on the rope model already")
@@ -414,7 +431,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"wrote {out / 'results.json'}", file=sys.stderr)
         return 0
     overrides: dict[str, Any] = {"encodings": encodings, "train_len": args.train_len or 64,
-                                 "eval_lens": args.eval_lens, "seed": args.seed, "device": args.device,
+                                 "eval_lens": args.eval_lens or (64, 128, 256, 512), "seed": args.seed,
+                                 "device": args.device,
                                  "threads": threads}
     if args.steps is not None:
         overrides["steps"] = args.steps
@@ -442,7 +460,7 @@ def _cmd_compare_task(args: argparse.Namespace, encodings: tuple[str, ...], work
     if args.device != "cpu":
         args.command_parser.error(f"argument --device: --task {args.task} runs on the CPU only (one thread per "
                                   "job, so that results repeat to the last digit); pass --device cpu")
-    seeds = tuple(range(args.seed, args.seed + args.seeds))
+    seeds = tuple(range(args.seed, args.seed + (args.seeds or 3)))
     if args.task == "extend":
         from posenc.lab.extend import ExtendConfig, run_extend
         from posenc.lab.results import format_extend_results
@@ -452,12 +470,17 @@ def _cmd_compare_task(args: argparse.Namespace, encodings: tuple[str, ...], work
         results = run_extend(extend, progress=not args.no_progress, threads_note=why)
         text = format_extend_results(results)
     else:
-        from posenc.lab.lengthgen import TaskConfig, run_task
+        from posenc.lab.lengthgen import TaskConfig, largest_train_size, run_task
         from posenc.lab.results import format_task_results
 
+        if args.train_len is not None and args.train_len > (largest := largest_train_size(
+                args.task, reverse_answer=args.addition_order != "plain")):
+            args.command_parser.error(
+                f"argument --train-len: {args.train_len} is too large for --task {args.task}: its test at 8x would "
+                f"be longer than {MAX_COMPARE_LEN} tokens; pass at most {largest}")
         config = TaskConfig.preset(args.task, quick=args.quick, encodings=encodings, train_size=args.train_len,
                                    steps=args.steps, seeds=seeds, workers=workers,
-                                   reverse_answer=args.addition_order == "reversed")
+                                   reverse_answer=args.addition_order != "plain")
         results = run_task(config, progress=not args.no_progress, threads_note=why)
         text = format_task_results(results)
     _emit(text)
@@ -549,8 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--train-len", type=_int_range(1, MAX_COMPARE_LEN), default=None,
                    help=f"training length, from 1 to {MAX_COMPARE_LEN}: bytes for lm and extend (default 64 and "
                         "32), the largest training size for the tasks (default copy/reverse 8 items, addition 3 "
-                        "digits, passkey 24 filler tokens)")
-    c.add_argument("--eval-lens", type=_int_list, default=(64, 128, 256, 512),
+                        "digits, passkey 24 filler tokens; at most 255, 170 and 510, so that the test at 8x fits "
+                        f"{MAX_COMPARE_LEN} tokens)")
+    c.add_argument("--eval-lens", type=_int_list, default=None,
                    help=f"lm only: evaluation lengths, each from 1 to {MAX_COMPARE_LEN} (default 64,128,256,512); "
                         "the tasks test at 1x, 2x, 4x, 8x and extend at 1x to 16x the training length")
     c.add_argument("--steps", type=_int_range(1), default=None,
@@ -560,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", default=0, help="random seed, a 64-bit signed integer (default 0); the tasks and "
                    "extend use --seeds seeds from it", type=_int_range(
                        _SEED_MIN, _SEED_MAX - 16, accepted="a 64-bit signed integer, from -2**63 to 2**63 - 17"))
-    c.add_argument("--seeds", type=_int_range(1, 16), default=3,
+    c.add_argument("--seeds", type=_int_range(1, 16), default=None,
                    help="tasks and extend: how many seeds (--seed, --seed + 1, ...), from 1 to 16 (default 3)")
     c.add_argument("--out", type=_folder, default=pathlib.Path("posenc-compare"),
                    help="folder for results.json and the figure (compare.png, or TASK.png), created if missing "
@@ -572,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lm: language modelling past the training length; position: bidirectional order task; "
                         "copy, reverse, addition, passkey: exact match at 1x-8x the training size; extend: "
                         "fine-tuning a RoPE model with each context-extension rule")
-    c.add_argument("--addition-order", choices=("reversed", "plain"), default="reversed",
+    c.add_argument("--addition-order", choices=("reversed", "plain"), default=None,
                    help="addition: the sum written least significant digit first (reversed, default: each "
                         "digit then depends on the carry already written) or as usual (plain)")
     c.add_argument("--device", choices=DEVICES, default="cpu",

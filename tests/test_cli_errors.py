@@ -90,7 +90,7 @@ USAGE_ERRORS = [
     (["compare", "--eval-lens", ""], "--eval-lens", "at least one length"),
     (["compare", "--encodings", "rope,fourier"], "--encodings", "unknown encoding(s) fourier"),
     (["compare", "--encodings", ""], "--encodings", "choose from"),
-    (["compare", "--encodings", ",,"], "--encodings", "choose from"),
+    (["compare", "--encodings", ",,"], "--encodings", "an empty entry"),
     (["compare", "--encodings", "rope,rope"], "--encodings", "rope given more than once"),
     (["compare", "--seed", str(2**64)], "--seed", str(2**64)),
     (["compare", "--seed", "1.5"], "--seed", "'1.5'"),

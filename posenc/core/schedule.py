@@ -61,6 +61,10 @@ def check_window(window: Any, name: str = "window") -> int | None:
     if window <= 0:
         raise ValueError(f"{name} must be >= 1 (keys a query sees, itself included), got {window}; "
                          f"pass None for full attention")
+    if window > _LARGEST:
+        raise ValueError(f"{name}={window} is larger than any sequence (positions are 64-bit integers, at most "
+                         f"2**62 here); "
+                         f"pass None for full attention")
     return int(window)
 
 
@@ -72,7 +76,14 @@ def check_chunk(chunk: Any, name: str = "chunk") -> int | None:
         raise TypeError(f"{name} must be a positive int (tokens per attention chunk) or None, got {chunk!r}")
     if chunk <= 0:
         raise ValueError(f"{name} must be >= 1 (tokens per attention chunk), got {chunk}; pass None for no chunks")
+    if chunk > _LARGEST:
+        raise ValueError(f"{name}={chunk} is larger than any sequence (positions are 64-bit integers, at most "
+                         f"2**62 here); pass None for no chunks")
     return int(chunk)
+
+
+#: The largest window or chunk: positions are int64, and differences of two positions must stay representable.
+_LARGEST = 2 ** 62
 
 
 def check_window_and_chunk(window: Any, chunk: Any) -> tuple[int | None, int | None]:

@@ -103,6 +103,14 @@ class TaskConfig:
             raise ValueError("seeds must hold at least one seed, got ()")
         if self.train_size < TASKS[self.task].min_size or min(self.multipliers) < 1:
             raise ValueError(f"train_size and multipliers must be >= 1, got {self.train_size} and {self.multipliers}")
+        longest = max(self.multipliers) * self.train_size
+        if _seq_len(self.task, longest, self.reverse_answer) > MAX_SEQUENCE:
+            largest = largest_train_size(self.task, max(self.multipliers), self.reverse_answer)
+            raise ValueError(
+                f"train_size={self.train_size} is too large for the {self.task} task: its test at "
+                f"{max(self.multipliers)}x ({longest} items) would be a sequence of "
+                f"{_seq_len(self.task, longest, self.reverse_answer)} tokens, over {MAX_SEQUENCE} (attention memory "
+                f"grows with the square of the length); pass a train_size of at most {largest}")
 
     @classmethod
     def preset(cls, task: str, *, quick: bool, **overrides: Any) -> TaskConfig:
@@ -120,6 +128,22 @@ class TaskConfig:
 
     def eval_sizes(self) -> list[int]:
         return [m * self.train_size for m in self.multipliers]
+
+
+#: The longest sequence a task trains or tests on (attention memory grows with its square).
+MAX_SEQUENCE = 4096
+
+
+def largest_train_size(task: str, multiplier: int = 8, reverse_answer: bool = True) -> int:
+    """The largest training size of ``task`` whose test at ``multiplier`` times it fits :data:`MAX_SEQUENCE`."""
+    lo, hi = TASKS[task].min_size, MAX_SEQUENCE
+    while lo < hi:                                            # sequences grow with the size: bisect
+        mid = (lo + hi + 1) // 2
+        if _seq_len(task, mid * multiplier, reverse_answer) <= MAX_SEQUENCE:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _seq_len(task: str, n: int, reverse_answer: bool) -> int:

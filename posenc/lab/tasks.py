@@ -109,10 +109,12 @@ def addition_example(a: str | Sequence[int], b: str | Sequence[int], *, reverse_
     x, y = _digits(a), _digits(b)
     if not x or not y:
         raise ValueError(f"operands need at least one digit, got {a!r} and {b!r}")
-    width = max(len(x), len(y)) + 1
-    total = str(int("".join(map(str, x))) + int("".join(map(str, y)))).rjust(width, "0")
-    s = [int(c) for c in total]
-    if reverse_answer:
+    s, carry = [], 0                                          # schoolbook, least significant digit first
+    for i in range(max(len(x), len(y))):
+        carry, digit = divmod((x[-1 - i] if i < len(x) else 0) + (y[-1 - i] if i < len(y) else 0) + carry, 10)
+        s.append(digit)
+    s.append(carry)                                           # one digit more than the longer operand
+    if not reverse_answer:
         s = s[::-1]
     prompt = (BOS, *x, PLUS, *y, SEP)
     return Example((*prompt, *s, EOS), len(prompt))
