@@ -570,16 +570,21 @@ def _scores_attention(q, k, v, encoding, positions, key_positions, offsets, segm
 _PROMISE_KEYWORD: dict[type, str] = {}
 
 
+def _keyword_of(encoding: object) -> str:
+    params = inspect.signature(cast(AttentionEncoding, encoding).attention_qk).parameters
+    return "assume_in_table" if "assume_in_table" in params and "assume_valid" not in params else "assume_valid"
+
+
 def _promise_keyword(encoding: object) -> str:
     """``"assume_valid"``, or ``"assume_in_table"`` for an encoding written against the protocol's old
     keyword (a ``DeprecationWarning``, once per type)."""
     kind = type(encoding)
+    if torch.compiler.is_compiling():              # read from the signature: a cache filled while tracing would
+        return _keyword_of(encoding)               # be a guard that fails on the next call (a second graph)
     keyword = _PROMISE_KEYWORD.get(kind)
     if keyword is None:
-        params = inspect.signature(cast(AttentionEncoding, encoding).attention_qk).parameters
-        old = "assume_in_table" in params and "assume_valid" not in params
-        keyword = "assume_in_table" if old else "assume_valid"
-        if old:
+        keyword = _keyword_of(encoding)
+        if keyword == "assume_in_table":
             deprecation_warning(
                 f"{kind.__name__}.attention_qk takes assume_in_table=, the old name of the protocol's keyword; "
                 f"rename it to assume_valid= (the old name works for now and will be removed in the next release)")
@@ -824,7 +829,9 @@ def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scal
     real_key = _pad_to_block(torch.ones(S_k, dtype=torch.bool, device=q.device), 0, value=False)   # (Skp,)
     padded_query = _pad_to_block(torch.zeros(S, dtype=torch.bool, device=q.device), 0, value=True)  # (Sp,)
 
-    window, chunk = structure.window, structure.chunk
+    # the window and chunk as data too: one compiled kernel serves every value (a captured int is a guard)
+    window = None if structure.window is None else torch.tensor(structure.window, device=q.device)
+    chunk = None if structure.chunk is None else torch.tensor(structure.chunk, device=q.device)
 
     def mask_mod(b, h, qi, ki):
         ok = real_key[ki]

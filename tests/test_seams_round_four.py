@@ -72,3 +72,35 @@ def test_an_infinite_sink_logit_takes_all_the_weight(backend, encoding):
     assert not torch.isnan(out).any()
     assert torch.equal(out[:, 0], torch.zeros_like(out[:, 0]))                  # head 0: all weight on the sink
     assert torch.allclose(out[:, 1], big[:, 1]) and big[:, 0].abs().max() < 1e-20   # the limit it approaches
+
+
+def test_flex_compiles_once_for_ten_windows_and_chunks():
+    """Windows and chunks reach flex_attention's mask as data: one compiled kernel serves every value (a value
+    captured as a Python int would compile once per value, and past 8 fall back to the unfused path)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 40, 16)
+    for name in ("window", "chunk"):
+        torch._dynamo.reset()
+        counters.clear()
+        for value in range(3, 13):
+            out = posenc.attention(q, q, q, causal=True, backend="flex", **{name: value})
+            assert torch.allclose(out, posenc.attention(q, q, q, causal=True, backend="sdpa", **{name: value}),
+                                  atol=1e-5)
+        assert counters["stats"]["unique_graphs"] == 1, name
+
+
+def test_alibi_attention_compiles_one_graph_for_every_length_with_dynamic_shapes():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    enc = posenc.AlibiBias(4)
+    compiled = torch.compile(lambda q: posenc.attention(q, q, q, encoding=enc, causal=True), dynamic=True,
+                             fullgraph=True, backend="eager")
+    for n in (6, 9, 13):
+        q = torch.randn(1, 4, n, 16)
+        assert torch.allclose(compiled(q), posenc.attention(q, q, q, encoding=enc, causal=True), atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1

@@ -22,10 +22,12 @@ def structure_mask(positions: torch.Tensor, key_positions: torch.Tensor, causal:
     return score_allowed(causal, window, chunk, positions.unsqueeze(-1), key_positions.unsqueeze(-2))
 
 
-def score_allowed(causal: bool, window: int | None, chunk: int | None, qp: torch.Tensor, kp: torch.Tensor):
+def score_allowed(causal: bool, window: int | torch.Tensor | None, chunk: int | torch.Tensor | None, qp: torch.Tensor,
+                  kp: torch.Tensor):
     """The rule of :func:`structure_mask` on positions that broadcast against each other: flex_attention's
     scalar positions (``qp``, ``kp``: gathered positions), or ``(..., S, 1)`` against ``(..., 1, S_k)``
-    (``//`` of integer tensors rounds towards minus infinity, as the chunk rule needs)."""
+    (``//`` of integer tensors rounds towards minus infinity, as the chunk rule needs).  ``window`` and
+    ``chunk`` may be 0-d integer tensors (flex_attention's masks take them as data, not as constants)."""
     ok = None
 
     def both(a, b):
