@@ -104,3 +104,23 @@ def test_alibi_attention_compiles_one_graph_for_every_length_with_dynamic_shapes
         q = torch.randn(1, 4, n, 16)
         assert torch.allclose(compiled(q), posenc.attention(q, q, q, encoding=enc, causal=True), atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_the_compare_figure_gives_every_registered_encoding_its_own_colour_and_line():
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    from posenc.lab.lengthgen import ROPE_RULE_NAMES
+    from posenc.lab.plots import compare_figure, encoding_styles
+    from posenc.lab.registry import ENCODINGS
+
+    names = [*ENCODINGS, *(f"rope+{r}" for r in ROPE_RULE_NAMES)]
+    styles = encoding_styles(names)
+    assert len({color for color, _, _ in styles.values()}) == len(names)            # one colour each
+    assert len({(m, ls) for _, m, ls in styles.values()}) == len(names)             # one marker/line pair each
+    # the figure draws them so: fire, kerple_log and sandwich (once one grey solid line) are apart
+    results = {"config": {"train_len": 64, "seed": 0, "steps": 1},
+               "loss": {n: {"64": 1.0 + i / 10, "128": 2.0 + i / 10} for i, n in enumerate(names)}}
+    fig = compare_figure(results)
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines() if line.get_label() in names}
+    drawn = {(line.get_color(), line.get_marker(), line.get_linestyle()) for line in lines.values()}
+    assert len(lines) == len(names) and len(drawn) == len(names)
+    assert len({lines[n].get_color() for n in ("fire", "kerple_log", "sandwich", "alibi")}) == 4

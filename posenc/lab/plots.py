@@ -13,7 +13,7 @@ import torch
 
 from posenc.lab.results import identical_groups, identical_notes
 
-__all__ = ["compare_figure", "extend_figure", "line_styles", "plot_compare", "plot_encodings", "plot_vision",
+__all__ = ["compare_figure", "encoding_styles", "extend_figure", "line_styles", "plot_compare", "plot_encodings", "plot_vision",
            "require_matplotlib", "save_figure", "similarity_figure", "similarity_series", "task_figure"]
 
 
@@ -56,6 +56,41 @@ def _coincide(a: Sequence[float], b: Sequence[float], atol: float) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= atol for x, y in zip(a, b, strict=True))
 
 
+#: Each registered encoding's colour (the classic six first, as in every figure of the docs), then the rules'.
+_CLASSIC_COLORS = {"none": "#222222", "sinusoidal": "#1f77b4", "learned": "#17becf", "rope": "#d62728",
+                   "alibi": "#2ca02c", "t5": "#9467bd"}
+_MORE_COLORS = ("#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5",
+                "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173",
+                "#3182bd", "#e6550d")
+
+
+def encoding_styles(names: Sequence[str]) -> dict[str, tuple[str, str, str]]:
+    """``(colour, marker, line style)`` per series of the compare figure: every registered encoding its own
+    colour and ``(marker, line style)`` pair, whichever are drawn together; ``rope+<rule>`` series dashed, in
+    colours of their own.
+
+    Examples:
+        >>> styles = encoding_styles(["rope", "alibi", "rope+yarn"])
+        >>> styles["rope"], styles["rope+yarn"][2]
+        (('#d62728', 'o', '-'), '--')
+    """
+    from posenc.lab.registry import ENCODINGS
+
+    registered = list(_CLASSIC_COLORS) + [n for n in ENCODINGS if n not in _CLASSIC_COLORS]
+    bases = [n for n in names if not n.startswith("rope+")]
+    rules = [n for n in names if n.startswith("rope+")]
+    others = [n for n in bases if n not in registered]
+    palette = iter(c for c in _MORE_COLORS)
+    colors = {**_CLASSIC_COLORS, **{n: next(palette) for n in registered[len(_CLASSIC_COLORS):]}}
+    spare = list(palette)
+    for i, name in enumerate(rules + others):                 # rules and unregistered names: the colours left
+        colors[name] = spare[i % len(spare)] if spare else "#444444"
+    pairs = dict(zip(bases, line_styles(len(bases)), strict=True))
+    # rules: dashed, markers continuing after the base encodings' (pairs stay distinct)
+    pairs.update(zip(rules, line_styles(len(bases) + len(rules), first_style=1)[len(bases):], strict=True))
+    return {n: (colors[n], *pairs[n]) for n in names}
+
+
 def compare_figure(results: dict):
     """The ``posenc compare`` figure as a matplotlib ``Figure``: loss against evaluation length.
 
@@ -67,15 +102,8 @@ def compare_figure(results: dict):
     cfg = results["config"]
     loss = results["loss"]
     fig, ax = plt.subplots(figsize=(9.0, 4.8), dpi=120)
-    base_colors = {"none": "#222222", "sinusoidal": "#1f77b4", "learned": "#17becf", "rope": "#d62728",
-                   "alibi": "#2ca02c", "t5": "#9467bd"}
-    rule_colors = ["#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8"]
     names = list(loss)
-    bases = [n for n in names if not n.startswith("rope+")]
-    rules = [n for n in names if n.startswith("rope+")]
-    styles = dict(zip(bases, line_styles(len(bases)), strict=True))
-    # rules: dashed, markers continuing after the base encodings' (pairs stay distinct)
-    styles.update(zip(rules, line_styles(len(bases) + len(rules), first_style=1)[len(bases):], strict=True))
+    styles = encoding_styles(names)
     same_as = {}
     for group in identical_groups(loss):
         for later in group[1:]:
@@ -83,11 +111,7 @@ def compare_figure(results: dict):
     for name in names:
         by_len = loss[name]
         lens = sorted(int(L) for L in by_len)
-        marker, ls = styles[name]
-        if name in rules:
-            color = rule_colors[rules.index(name) % len(rule_colors)]
-        else:
-            color = base_colors.get(name, "#444444")
+        color, marker, ls = styles[name]
         label = name if name not in same_as else f"{name} (= {same_as[name]})"
         hollow = name in same_as                          # drawn around the identical series, not over it
         ax.plot(lens, [by_len[str(L)] for L in lens], linestyle=ls, marker=marker, ms=7 if hollow else 4,
