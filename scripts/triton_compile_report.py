@@ -7,7 +7,7 @@ Markdown table: kernel, specialization, target, registers, spills, widest global
     python scripts/triton_compile_report.py --rows 90       # every target, but the rows of sm_90 only
 
 The specializations are those ``tests/test_triton_compile.py`` compiles (see
-``posenc.kernels.triton_specs``): each launcher's own argument builder run on meta tensors and
+``tests/triton_specs.py``): each launcher's own argument builder run on meta tensors and
 bound as a launch on contiguous CUDA tensors binds it.  ``docs/gpu.md`` holds this script's output.
 """
 
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import triton  # noqa: E402
 
-from posenc.kernels import triton_specs  # noqa: E402
+from tests import triton_specs  # noqa: E402
 
 
 def _widths(counts: dict) -> str:

@@ -342,7 +342,7 @@ class _FakeCompiled:
 
 def test_a_direct_launch_passes_what_kernel_grid_binds(monkeypatch):
     """The arguments of a direct call equal, in order, those Triton's own binder gives the compiled kernel."""
-    from posenc.kernels import triton_specs
+    from tests import triton_specs
 
     q, k = torch.randn(2, 3, 8, 64), torch.randn(2, 3, 2, 64)
     qo, ko = torch.empty_like(q), torch.empty_like(k)

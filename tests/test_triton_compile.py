@@ -10,7 +10,7 @@ and sm_90 with the ``ptxas`` the Triton wheel ships (and, marked slow, for the n
 Triton knows, one specialization per flag combination).  The compiler runs in a child process,
 since this one runs Triton's interpreter on machines without CUDA.  Each specialization must
 compile, spill nothing, and move tiles of 512 bytes or more with 128-bit loads and stores.  See
-:mod:`posenc.kernels.triton_specs` for the enumeration, and ``scripts/triton_compile_report.py``
+``tests/triton_specs.py`` for the enumeration, and ``scripts/triton_compile_report.py``
 for the table in ``docs/gpu.md`` (every target, every specialization).
 """
 
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-triton_specs = pytest.importorskip("posenc.kernels.triton_specs")
+triton_specs = pytest.importorskip("tests.triton_specs")
 
 from posenc.kernels import triton_cache, triton_norm_rope, triton_rope  # noqa: E402
 
@@ -96,7 +96,7 @@ def _targets() -> tuple[int, ...]:
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = "from posenc.kernels.triton_specs import targets; print(*targets())"
+    code = "from tests.triton_specs import targets; print(*targets())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return tuple(int(a) for a in out.stdout.split())
 

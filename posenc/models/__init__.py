@@ -1,4 +1,5 @@
-"""Former home of the experiment code, now :mod:`posenc.lab`; kept so that old imports still work."""
+"""Former home of the experiment code, now :mod:`posenc.lab`; kept so that old imports still work until
+posenc 0.2 removes it (deprecated since 2026-11, with a ``DeprecationWarning`` on import)."""
 
 import sys
 import warnings
@@ -23,4 +24,5 @@ del _module, lab
 
 __all__ = ["ENCODINGS", "EncodingInfo", "TinyTransformer", "list_encodings"]
 
-warnings.warn("posenc.models moved to posenc.lab; import from posenc.lab", DeprecationWarning, stacklevel=2)
+warnings.warn("posenc.models moved to posenc.lab and will be removed in posenc 0.2; import from posenc.lab",
+              DeprecationWarning, stacklevel=2)

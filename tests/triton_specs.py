@@ -20,7 +20,8 @@ contiguous tensors gets:
 Meta tensors report a data pointer of 0, so every pointer counts as 16-byte aligned, as fresh
 CUDA allocations are (the caching allocator aligns blocks to 512 bytes).
 
-Used by ``tests/test_triton_compile.py`` and ``scripts/triton_compile_report.py``; it relies on
+Test tooling, kept out of the installed package.  Used by ``tests/test_triton_compile.py``,
+``tests/test_host_path.py`` and ``scripts/triton_compile_report.py``; it relies on
 Triton's binder (``triton.runtime.jit.create_function_from_signature``), checked with Triton 3.x.
 """
 
@@ -451,7 +452,8 @@ class Compiler:
         import sys
 
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        self._child = subprocess.Popen([sys.executable, "-m", "posenc.kernels.triton_specs"], env=env, text=True,
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))          # the repository
+        self._child = subprocess.Popen([sys.executable, "-m", "tests.triton_specs"], env=env, text=True, cwd=root,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self
 
