@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from posenc.integrations.transformers._common import _ULP, _config_of
+from posenc.integrations.transformers._selfcheck import _rope_freqs
 from posenc.integrations.transformers._state import _Call, _Plan
 from posenc.nn import RotaryEmbedding
 
@@ -51,9 +52,8 @@ class _RecomposedAdapter(torch.nn.Module):
             position_ids = position_ids.expand(self.axes, -1, -1)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         if position_ids.is_floating_point():        # scaled coordinates (SAM3's windows): angles in float64
-            wide = torch.float32 if position_ids.device.type == "mps" else torch.float64
-            freqs = torch.tensor([float(f) for f in rope._freqs], dtype=wide, device=position_ids.device)
-            angle = position_ids.to(wide)[..., None] * freqs
+            freqs = rope.inv_freq_table              # (float32 on a device without float64), on the tables' device
+            angle = position_ids.to(freqs.dtype)[..., None] * freqs
             cos, sin = angle.cos().to(work), angle.sin().to(work)
         else:
             cos, sin = rope.cos_sin(position_ids.reshape(-1), dtype=work)
@@ -107,7 +107,7 @@ def _rules(module: Any, config: Any) -> dict[str, tuple[torch.Tensor, float, flo
 def _order(inv: torch.Tensor, rope: RotaryEmbedding) -> list[int] | None:
     """Which of posenc's frequencies each of the module's slots holds (within float32 rounding), or None where
     they are not the same frequencies in some order."""
-    mine = [float(f) for f in rope._freqs]
+    mine = _rope_freqs(rope).tolist()
     order = []
     for f in inv.detach().double().cpu().tolist():
         j = min(range(len(mine)), key=lambda i: abs(mine[i] - f))
