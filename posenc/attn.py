@@ -122,8 +122,10 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} (grouped-query attention)")
 
 
-def _check_options(causal, dropout_p, scale, backend, head_dim: int) -> tuple[float, float]:
-    """Validated ``(dropout_p, scale)``; one comparison per argument when it is well formed."""
+def _check_options(given: _Options, q: torch.Tensor, k: torch.Tensor) -> _Options:
+    """The call's options checked, with the default scale and the user's mask normalised; one
+    comparison per argument when it is well formed."""
+    causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend, attn_mask = given
     if backend not in ATTENTION_BACKENDS:
         _validate.check_choice("backend", backend, ATTENTION_BACKENDS)
     if type(causal) is not bool:
@@ -132,8 +134,12 @@ def _check_options(causal, dropout_p, scale, backend, head_dim: int) -> tuple[fl
         dropout_p = _validate.check_float("dropout_p", dropout_p, minimum=0.0)
         if dropout_p >= 1.0:
             raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else _validate.check_float("scale", scale, positive=True)
-    return dropout_p, scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.check_float("scale", scale, positive=True)
+    attn_mask = _attn_mask(attn_mask, q, k)
+    _check_flags(keys_rotated, assume_valid)
+    if seq_len is not None:
+        seq_len = check_seq_len(seq_len)              # checked even where the encoding does not read it
+    return _Options(causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend, attn_mask)
 
 
 def _positions_arg(name: str, p: torch.Tensor, batch: int, length: int, device: torch.device) -> torch.Tensor:
@@ -356,40 +362,67 @@ def attention(
     if assume_in_table is not UNSET:
         assume_valid = promise("attention", assume_in_table, assume_valid)
     encoding, structure = _layer_options(encoding, layer, window, chunk, temperature, sinks)
+    given = _Options(causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend, attn_mask)
     if cu_seqlens is not None or cu_seqlens_k is not None:
-        return _varlen_attention(
-            q, k, v, cu_seqlens, cu_seqlens_k, extra=(positions, key_positions, segment_ids, attn_mask),
-            encoding=encoding, causal=causal, dropout_p=dropout_p, scale=scale, seq_len=seq_len,
-            assume_valid=assume_valid, keys_rotated=keys_rotated, backend=backend, structure=structure)
+        return _varlen_attention(q, k, v, (cu_seqlens, cu_seqlens_k), (positions, key_positions, segment_ids),
+                                 encoding, given, structure)
     _check_qkv(q, k, v)
     _check_sinks(structure.sinks, q)
-    dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
+    options = _check_options(given, q, k)
     _check_encoding(encoding)
-    attn_mask = _attn_mask(attn_mask, q, k)
-    _check_flags(keys_rotated, assume_valid)
-    if seq_len is not None:
-        seq_len = check_seq_len(seq_len)              # checked even where the encoding does not read it
+    where = _where(q, k, encoding, positions, key_positions, segment_ids)
+    if isinstance(encoding, torch.Tensor):
+        B, H, S, _ = q.shape
+        bias = _precomputed_bias(encoding, B, H, S, k.shape[2], q.device)
+        if options.backend == "flex":
+            raise ValueError("backend='flex' builds biases itself: pass the AlibiBias/RelativePositionBias module")
+        allowed = _allowed(where, options.causal, options.attn_mask, structure)
+        q = _temper(q, structure, where.positions, allowed, bias, k.shape[2])
+        return _sdpa(q, k, v, _combine_mask(q, allowed, bias, options.attn_mask), options.dropout_p, options.scale,
+                     structure.sinks)
+    return _attend(q, k, v, encoding, where, options, structure)
+
+
+class _Options(NamedTuple):
+    """How one call attends: its flags, scale, rotary length, engine and the user's mask (checked by
+    :func:`_check_options`, except in the record :func:`attention` first builds from its arguments)."""
+
+    causal: bool
+    dropout_p: float
+    scale: float | None
+    seq_len: int | None
+    assume_valid: bool
+    keys_rotated: bool
+    backend: str
+    attn_mask: torch.Tensor | None = None
+
+
+class _Where(NamedTuple):
+    """Where the tokens are: ``positions``/``key_positions`` ``(S,)``/``(B, S)`` order them (masks,
+    biases); ``enc_positions`` are the ``(query, key)`` positions the encoding rotates by (per-axis
+    coordinates for an encoding with ``position_axes``); ``offsets`` the first query and key
+    positions where they are ranges known on the host; the segment ids of queries and keys."""
+
+    positions: torch.Tensor
+    key_positions: torch.Tensor
+    enc_positions: tuple[torch.Tensor, torch.Tensor]
+    offsets: tuple[int | None, int | None] = (None, None)
+    segment_ids: torch.Tensor | None = None
+    key_segment_ids: torch.Tensor | None = None
+
+
+def _where(q, k, encoding, positions, key_positions, segment_ids) -> _Where:
+    """The checked positions of a padded call, with their documented defaults."""
     axes = getattr(encoding, "position_axes", None) if not isinstance(encoding, torch.Tensor) else None
     if axes is None:
         offsets = _host_offsets(q, k, positions, key_positions, segment_ids)
         positions, key_positions, segment_ids = _all_positions(q, k, positions, key_positions, segment_ids)
-        enc_positions, enc_key_positions = positions, key_positions
-    else:                                             # per-axis coordinates (..., S, n_axes), for the encoding only
-        enc_positions, enc_key_positions = _axial_positions(q, k, positions, key_positions, axes)
-        offsets = (None, None)
-        # masks (causal, segments) follow the token order, as for the defaults of 1-D encodings
-        positions, key_positions, segment_ids = _all_positions(q, k, None, None, segment_ids)
-    if isinstance(encoding, torch.Tensor):
-        B, H, S, _ = q.shape
-        bias = _precomputed_bias(encoding, B, H, S, k.shape[2], q.device)
-        if backend == "flex":
-            raise ValueError("backend='flex' builds biases itself: pass the AlibiBias/RelativePositionBias module")
-        allowed = _allowed(positions, key_positions, segment_ids, segment_ids, causal, attn_mask, structure)
-        q = _temper(q, structure, positions, allowed, bias, k.shape[2])
-        return _sdpa(q, k, v, _combine_mask(q, allowed, bias, attn_mask), dropout_p, scale, structure.sinks)
-    return _attend(q, k, v, encoding, positions, key_positions, (enc_positions, enc_key_positions), offsets,
-                   segment_ids, segment_ids, attn_mask, causal, dropout_p, scale, seq_len, assume_valid, keys_rotated,
-                   backend, structure)
+        return _Where(positions, key_positions, (positions, key_positions), offsets, segment_ids, segment_ids)
+    # per-axis coordinates (..., S, n_axes) for the encoding only; masks (causal, segments) follow the token
+    # order, as for the defaults of 1-D encodings
+    enc_positions = _axial_positions(q, k, positions, key_positions, axes)
+    positions, key_positions, segment_ids = _all_positions(q, k, None, None, segment_ids)
+    return _Where(positions, key_positions, enc_positions, (None, None), segment_ids, segment_ids)
 
 
 class _Structure(NamedTuple):
@@ -457,23 +490,17 @@ def _check_flags(keys_rotated: object, assume_valid: object) -> None:
         _validate.check_bool("assume_valid", assume_valid)
 
 
-def _attend(q, k, v, encoding, positions, key_positions, enc_positions, offsets, segment_ids, key_segment_ids,
-            attn_mask, causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend, structure=_PLAIN):
+def _attend(q, k, v, encoding, where: _Where, options: _Options, structure: _Structure = _PLAIN) -> torch.Tensor:
     """The attention body, padded or packed, for checked arguments: the encoding rotates q and k
-    (protocol methods: no validation again), then SDPA with one mask, or flex_attention.
-
-    ``positions``/``key_positions`` ``(S,)``/``(B, S)`` order the tokens (masks, biases);
-    ``enc_positions`` are the ``(query, key)`` positions the encoding rotates by (per-axis
-    coordinates for an encoding with ``position_axes``).
-    """
+    (protocol methods: no validation again), then SDPA with one mask, or flex_attention."""
     if encoding is not None and hasattr(encoding, "attention_scores"):
-        return _scores_attention(q, k, v, encoding, positions, key_positions, offsets, segment_ids, key_segment_ids,
-                                 attn_mask, causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend,
-                                 structure)
+        return _scores_attention(q, k, v, encoding, where, options, structure)
+    causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend, attn_mask = options
+    positions, key_positions = where.positions, where.key_positions
     if encoding is not None:
-        q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=enc_positions[0],
-                                         key_positions=enc_positions[1], seq_len=seq_len, offsets=offsets,
-                                         **{_promise_keyword(encoding): assume_valid})
+        q, k_rot = encoding.attention_qk(q, None if keys_rotated else k, positions=where.enc_positions[0],
+                                         key_positions=where.enc_positions[1], seq_len=seq_len,
+                                         offsets=where.offsets, **{_promise_keyword(encoding): assume_valid})
         if not keys_rotated:
             if k_rot is None:
                 raise TypeError(
@@ -486,16 +513,14 @@ def _attend(q, k, v, encoding, positions, key_positions, enc_positions, offsets,
             raise ValueError("backend='flex' takes no attn_mask or dropout_p; use causal/segment_ids, or backend='sdpa'")
         if structure.temperature is not None:
             visible = structure.temperature.uses_visible
-            allowed = _allowed(positions, key_positions, segment_ids, key_segment_ids, causal, None, structure) \
-                if visible else None
+            allowed = _allowed(where, causal, None, structure) if visible else None
             mod = None if encoding is None or not visible else encoding.attention_score_mod(
                 positions.expand(q.shape[0], -1), key_positions.expand(q.shape[0], -1), num_heads=q.shape[1])
             q = _temper(q, structure, positions, allowed, mod, k.shape[2])
-        return _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding,
-                               key_segment_ids, structure)
+        return _flex_attention(q, k, v, encoding, where, causal, scale, structure)
     bias = None if encoding is None else encoding.attention_bias(positions, key_positions, num_heads=q.shape[1],
                                                                   dtype=q.dtype)
-    allowed = _allowed(positions, key_positions, segment_ids, key_segment_ids, causal, attn_mask, structure)
+    allowed = _allowed(where, causal, attn_mask, structure)
     q = _temper(q, structure, positions, allowed, bias, k.shape[2])
     return _sdpa(q, k, v, _combine_mask(q, allowed, bias, attn_mask), dropout_p, scale, structure.sinks)
 
@@ -525,11 +550,12 @@ def _temper(q: torch.Tensor, structure: _Structure, positions: torch.Tensor, all
     return q * factors.unsqueeze(-1)                                          # (B|1, H|1, S, 1)
 
 
-def _scores_attention(q, k, v, encoding, positions, key_positions, offsets, segment_ids, key_segment_ids, attn_mask,
-                      causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend, structure=_PLAIN):
+def _scores_attention(q, k, v, encoding, where: _Where, options: _Options,
+                      structure: _Structure = _PLAIN) -> torch.Tensor:
     """Attention for an encoding that computes the logits itself (``attention_scores``): the masks
     (with the layer's window or chunk) as one additive float mask, the encoding's logits, then
     softmax (float32 or wider, with the sink logits if any) and ``@ v``."""
+    causal, dropout_p, scale, seq_len, assume_valid, keys_rotated, backend, attn_mask = options
     if backend == "flex":
         raise ValueError(
             f"backend='flex' cannot express {type(encoding).__name__}, whose scores depend on q and k beyond a "
@@ -544,14 +570,15 @@ def _scores_attention(q, k, v, encoding, positions, key_positions, offsets, segm
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)         # (B, H, S_k, D)
     work = torch.promote_types(q.dtype, torch.float32)
-    allowed = _allowed(positions, key_positions, segment_ids, key_segment_ids, causal, attn_mask, structure)
+    allowed = _allowed(where, causal, attn_mask, structure)
     mask = _combine_mask(q, allowed, None, attn_mask)
     if mask is not None:
         mask = (torch.zeros((), dtype=work, device=q.device).masked_fill(~mask, float("-inf"))
                 if mask.dtype == torch.bool else mask.to(work))                  # (B|1, H|1, S|1, S_k)
-    scores = encoding.attention_scores(q, k, positions=positions, key_positions=key_positions, mask=mask,
-                                       scale=scale, causal=causal, keys_rotated=keys_rotated, seq_len=seq_len,
-                                       offsets=offsets, assume_valid=assume_valid).to(work)   # (B, H, S, S_k)
+    scores = encoding.attention_scores(q, k, positions=where.positions, key_positions=where.key_positions,
+                                       mask=mask, scale=scale, causal=causal, keys_rotated=keys_rotated,
+                                       seq_len=seq_len, offsets=where.offsets,
+                                       assume_valid=assume_valid).to(work)                    # (B, H, S, S_k)
     if mask is not None:
         scores = scores + mask
     if structure.sinks is not None:                                              # one more logit per head, no value
@@ -613,16 +640,16 @@ def _sdpa(q, k, v, mask, dropout_p: float, scale: float, sinks: torch.Tensor | N
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
-def _varlen_attention(q, k, v, cu_seqlens, cu_seqlens_k, *, extra, encoding, causal, dropout_p, scale, seq_len,
-                      assume_valid, keys_rotated, backend, structure):
+def _varlen_attention(q, k, v, cu: tuple, extra: tuple, encoding, given: _Options, structure: _Structure):
     """:func:`attention` on packed ``(T, H, D)`` sequences: per-sequence positions and a
-    same-sequence mask from ``cu_seqlens``, then the one attention body on a batch of one."""
-    cu_q, cu_k = _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_valid)
+    same-sequence mask from ``cu = (cu_seqlens, cu_seqlens_k)``, then the one attention body on a
+    batch of one.  ``extra`` holds the arguments that must be None with packed sequences."""
+    cu_q, cu_k = _check_varlen(q, k, v, cu, extra + (given.attn_mask,), encoding, given.assume_valid)
     q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))          # (1, H, T, D)
-    if seq_len is None and getattr(encoding, "length_dependent", False):
+    if given.seq_len is None and getattr(encoding, "length_dependent", False):
         # each sequence alone has its own length, hence its own frequencies: one call per sequence
-        options = {"encoding": encoding, "causal": causal, "dropout_p": dropout_p, "scale": scale,
-                   "assume_valid": assume_valid, "keys_rotated": keys_rotated, "backend": backend,
+        options = {"encoding": encoding, "causal": given.causal, "dropout_p": given.dropout_p, "scale": given.scale,
+                   "assume_valid": given.assume_valid, "keys_rotated": given.keys_rotated, "backend": given.backend,
                    "window": structure.window, "chunk": structure.chunk, "temperature": structure.temperature,
                    "sinks": structure.sinks}
         outs = [attention(q4[:, :, a:b], k4[:, :, ak:bk], v4[:, :, ak:bk], **options)[0]             # (H, len, D)
@@ -631,10 +658,7 @@ def _varlen_attention(q, k, v, cu_seqlens, cu_seqlens_k, *, extra, encoding, cau
         return out.transpose(0, 1).contiguous()                        # (T, H, D)
     _check_qkv(q4, k4, v4)
     _check_sinks(structure.sinks, q4)
-    dropout_p, scale = _check_options(causal, dropout_p, scale, backend, q.shape[-1])
-    _check_flags(keys_rotated, assume_valid)
-    if seq_len is not None:
-        seq_len = check_seq_len(seq_len)
+    options = _check_options(given, q4, k4)
     seq_q = sequence_ids(cu_q, q.shape[0])                              # (T,)
     seq_k = seq_q if cu_k is cu_q else sequence_ids(cu_k, k.shape[0])   # (T_k,)
     pos_k = varlen_positions(cu_k, k.shape[0], 0, seq_k)
@@ -643,14 +667,14 @@ def _varlen_attention(q, k, v, cu_seqlens, cu_seqlens_k, *, extra, encoding, cau
         shift = (cu_k[1:] - cu_k[:-1]).long() - (cu_q[1:] - cu_q[:-1]).long()   # (N,)
         pos_q = pos_q + shift[seq_q]
     positions, key_positions = pos_q[None], pos_k[None]                 # (1, T), (1, T_k)
-    out = _attend(q4, k4, v4, encoding, positions, key_positions, (positions, key_positions), (None, None),
-                  seq_q[None], seq_k[None], None, causal, dropout_p, scale, seq_len, assume_valid, keys_rotated,
-                  backend, structure)
+    where = _Where(positions, key_positions, (positions, key_positions), (None, None), seq_q[None], seq_k[None])
+    out = _attend(q4, k4, v4, encoding, where, options, structure)
     return out[0].transpose(0, 1).contiguous()                         # (T, H, D)
 
 
-def _check_varlen(q, k, v, cu_seqlens, cu_seqlens_k, extra, encoding, assume_valid):
+def _check_varlen(q, k, v, cu: tuple, extra: tuple, encoding, assume_valid) -> tuple[torch.Tensor, torch.Tensor]:
     """Check a packed call; returns ``(cu_q, cu_k)`` (the same tensor when the keys share the lengths)."""
+    cu_seqlens, cu_seqlens_k = cu
     if any(t is not None for t in extra):
         raise ValueError(
             "with cu_seqlens, positions, key_positions, segment_ids and attn_mask are not accepted: the cumulative "
@@ -723,13 +747,14 @@ def _attn_mask(attn_mask: object, q: torch.Tensor, k: torch.Tensor) -> torch.Ten
     return attn_mask if attn_mask.dtype == torch.bool else attn_mask != 0
 
 
-def _allowed(positions, key_positions, segment_ids, key_segment_ids, causal, attn_mask,
+def _allowed(where: _Where, causal: bool, attn_mask: torch.Tensor | None,
              structure: _Structure = _PLAIN) -> torch.Tensor | None:
     """The boolean "may attend" mask ``(B|1, H|1, S, S_k)``: causality, the layer's window or chunk,
     segments and a boolean ``attn_mask``; None when nothing is masked."""
-    allowed = structure_mask(positions, key_positions, causal, structure.window, structure.chunk)
+    allowed = structure_mask(where.positions, where.key_positions, causal, structure.window, structure.chunk)
+    segment_ids = where.segment_ids
     if segment_ids is not None:
-        key_segments = segment_ids if key_segment_ids is None else key_segment_ids
+        key_segments = segment_ids if where.key_segment_ids is None else where.key_segment_ids
         same = segment_ids.unsqueeze(-1) == key_segments.unsqueeze(-2)          # (B, S, S_k)
         allowed = same if allowed is None else allowed & same
     if allowed is not None:
@@ -794,8 +819,8 @@ def _with_sink(mask_mod, score_mod, is_sink: torch.Tensor, sinks: torch.Tensor):
     return sink_mask, sink_score
 
 
-def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scale, encoding, key_segment_ids=None,
-                    structure: _Structure = _PLAIN):
+def _flex_attention(q, k, v, encoding, where: _Where, causal: bool, scale: float,
+                    structure: _Structure = _PLAIN) -> torch.Tensor:
     """flex_attention path: biases as score_mod, masks as a block mask; nothing of size (S, S_k).
 
     Lengths are padded to multiples of flex's 128-wide blocks (torch 2.13's CPU kernel gave wrong
@@ -810,9 +835,9 @@ def _flex_attention(q, k, v, positions, key_positions, segment_ids, causal, scal
 
     B, H, S, _ = q.shape
     S_k = k.shape[2]
-    sinks = structure.sinks
-    kpos_real = key_positions.expand(B, S_k)
-    kseg_real = segment_ids if key_segment_ids is None else key_segment_ids
+    sinks, positions, segment_ids = structure.sinks, where.positions, where.segment_ids
+    kpos_real = where.key_positions.expand(B, S_k)
+    kseg_real = segment_ids if where.key_segment_ids is None else where.key_segment_ids
     if sinks is not None:                                                        # the sink key at index S_k
         k, v = _append_sink_key(k, v)
         kpos_real = F.pad(kpos_real, (0, 1))
