@@ -77,7 +77,7 @@ def test_extend_prints_losses_and_steps_to_target(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "| yarn | 100 |" in out and "| longrope | 0 |" in out
-    assert "- pi: " in out
+    assert "- linear: " in out
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["finetune_len"] == 16 and res["task"] == "extend"
     assert (tmp_path / "extend.png").exists() or "no plot" in capsys.readouterr().err

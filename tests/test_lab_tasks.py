@@ -198,7 +198,7 @@ def test_extend_tiny_run_repeats_and_has_the_schema():
     # length is the target; PI changes every frequency, so it differs
     s0 = {r: a["summary"][r]["loss"]["0"]["8"]["mean"] for r in EXTEND_RULES}
     assert s0["rope"] == a["target_loss"]["0"]
-    assert s0["pi"] != s0["rope"]
+    assert s0["linear"] != s0["rope"]
     json.dumps(a)
 
 

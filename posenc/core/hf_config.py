@@ -46,25 +46,14 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from posenc import _validate
+from posenc.core._hf_fields import partial_rotary_factor
 from posenc.core.mrope import check_mrope_section
 from posenc.core.notices import LOGGER_NAME, LayoutWarning
-from posenc.core.rope import (
-    ROPE_LAYOUTS,
-    DynamicNTKScaling,
-    LinearScaling,
-    Llama3Scaling,
-    LongRopeScaling,
-    NTKScaling,
-    ProportionalScaling,
-    RopeScaling,
-    YarnScaling,
-)
+from posenc.core.rope import HF_ROPE_TYPES, ROPE_LAYOUTS, RopeScaling
 
-_KNOWN = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "su", "proportional")
+_KNOWN = ("default", *HF_ROPE_TYPES)
 #: Model types whose configuration reads an old ``"yarn"`` rope type as LongRoPE (transformers' Phi-3 code).
 _YARN_IS_LONGROPE = ("phi3", "phi4_multimodal")
-#: Model types whose LongRoPE reads ``short_mscale``/``long_mscale`` as the attention factor.
-_MSCALE_MODEL_TYPES = ("phimoe",)
 #: ``mrope_section`` that transformers' multimodal rotary classes fall back to when a config has none.
 _MROPE_DEFAULT_SECTIONS: dict[str, tuple[int, int, int]] = {
     "qwen2_vl": (16, 24, 24), "qwen2_5_vl": (16, 24, 24), "qwen2_5_omni": (16, 24, 24), "qwen2_5_omni_thinker": (16, 24, 24),
@@ -145,12 +134,6 @@ def config_dict(config: object) -> dict[str, Any]:
     raise TypeError(
         f"config must be a transformers PretrainedConfig or a dict (a parsed config.json), got {type(config).__name__}"
     )
-
-
-def _need(params: Mapping[str, Any], key: str, rule: str) -> Any:
-    if params.get(key) is None:
-        raise ValueError(f"rope scaling {rule!r} needs {key!r} in the config's rope parameters, got {dict(params)}")
-    return params[key]
 
 
 def _rope_params(config: Mapping[str, Any], layer_type: str | None) -> dict[str, Any]:
@@ -336,10 +319,7 @@ def _read_rope(config: Mapping[str, Any], params: Mapping[str, Any],
     theta = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
     base = _validate.check_float("rope_theta", theta, positive=True)
     head_dim = _head_dim(config, where)
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)))
-    partial = _validate.check_float("partial_rotary_factor", partial, positive=True)
-    if partial > 1.0:
-        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial}")
+    partial = partial_rotary_factor(params, config)
     rule = params.get("rope_type") or params.get("type") or "default"
     model_type = config.get("model_type")
     if rule == "yarn" and model_type in _YARN_IS_LONGROPE:
@@ -351,9 +331,9 @@ def _read_rope(config: Mapping[str, Any], params: Mapping[str, Any],
         )
     if rule not in _KNOWN:
         raise ValueError(f"unknown rope scaling type {rule!r}; posenc supports {', '.join(_KNOWN)}")
-    if rule == "proportional":                                          # the whole head, some pairs at rest
-        factor = _validate.check_float("factor", params.get("factor") or 1.0)
-        return base, head_dim, ProportionalScaling(partial, factor=factor)
+    rule_class = HF_ROPE_TYPES.get(rule)                                # None: "default", no rule
+    if rule_class is not None and rule_class.reads_partial_rotary:      # the whole head, some pairs at rest
+        return base, head_dim, rule_class.from_hf(params, config)
     rotary_dim = int(head_dim * partial)
     if rotary_dim < 2:
         raise ValueError(f"partial_rotary_factor={partial} of head_dim={head_dim} leaves no feature pair to rotate")
@@ -364,104 +344,7 @@ def _read_rope(config: Mapping[str, Any], params: Mapping[str, Any],
             f"{rotary_dim + 1} features, which posenc's rotary tables (base^(-2i/dim) for an even dim) cannot "
             f"reproduce; choose head_dim and partial_rotary_factor whose product is even"
         )
-    return base, rotary_dim, _scaling(rule, params, config)
-
-
-def _whole(name: str, value: Any) -> int:
-    """A count from a config: an int, or a float holding a whole number (JSON may write 8192.0)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return _validate.check_int(name, value)
-
-
-def _scaling(rule: str, params: Mapping[str, Any], config: Mapping[str, Any]) -> RopeScaling | None:
-    max_pos = config.get("max_position_embeddings")
-
-    def original() -> int:
-        # Phi-3 keeps the pretraining length at the top level, and it takes priority there.
-        value = config.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
-        if not value and max_pos is not None:
-            return _whole("max_position_embeddings", max_pos)
-        if value is None:
-            raise ValueError(f"rope scaling {rule!r} needs original_max_position_embeddings or max_position_embeddings")
-        return _whole("original_max_position_embeddings", value)
-
-    if rule == "default":
-        return None
-    if rule == "linear":
-        return LinearScaling(_validate.check_float("factor", _need(params, "factor", rule)))
-    model_type = config.get("model_type")
-    if rule == "dynamic" and params.get("alpha"):
-        if model_type and not str(model_type).startswith("hunyuan"):
-            raise ValueError(
-                f"rope scaling 'dynamic' with 'alpha' is Hunyuan's fixed NTK-alpha rule, but model_type="
-                f"{model_type!r}, whose transformers code ignores alpha and applies dynamic NTK scaling by 'factor'; "
-                f"remove alpha, or set model_type to the Hunyuan type the checkpoint comes from"
-            )
-        alpha = _validate.check_float("alpha", params["alpha"], positive=True)
-        if alpha < 1.0:
-            raise ValueError(f"alpha (Hunyuan's NTK base stretch) must be >= 1, got {alpha}")
-        return NTKScaling(alpha)
-    if rule == "dynamic":
-        if max_pos is None:
-            raise ValueError("rope scaling 'dynamic' needs max_position_embeddings in the config")
-        return DynamicNTKScaling(_validate.check_float("factor", _need(params, "factor", rule)),
-                                 _whole("max_position_embeddings", max_pos))
-    if rule == "yarn":
-        if "factor" not in params:
-            raise ValueError(
-                f"rope scaling 'yarn' needs 'factor' in the config's rope parameters (transformers refuses it too), got "
-                f"{dict(params)}; set the factor, or \"factor\": null to use max_position_embeddings / "
-                f"original_max_position_embeddings"
-            )
-        orig = original()
-        factor = params.get("factor")
-        if factor is None:                         # transformers: the ratio of the two lengths (1 if they agree)
-            factor = _whole("max_position_embeddings", _need(config, "max_position_embeddings", rule)) / orig
-        truncate = params.get("truncate", True)
-        return YarnScaling(
-            _validate.check_float("factor", factor), orig,
-            beta_fast=_validate.check_float("beta_fast", params.get("beta_fast") or 32.0),
-            beta_slow=_validate.check_float("beta_slow", params.get("beta_slow") or 1.0),
-            mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
-            attention_factor_override=params.get("attention_factor"), truncate=False if truncate is None else truncate,
-        )
-    if rule == "llama3":                           # low == high (Llama 4): a hard switch, no smoothing band
-        return Llama3Scaling(
-            _validate.check_float("factor", _need(params, "factor", rule)), original(),
-            low_freq_factor=_validate.check_float("low_freq_factor", _need(params, "low_freq_factor", rule)),
-            high_freq_factor=_validate.check_float("high_freq_factor", _need(params, "high_freq_factor", rule)),
-        )
-    orig = original()
-    factor = params.get("factor")
-    if factor is None:
-        factor = (_whole("max_position_embeddings", max_pos) / orig) if max_pos else 1.0
-    within, past = _longrope_mscale(params, model_type)
-    return LongRopeScaling(
-        _need(params, "short_factor", rule), _need(params, "long_factor", rule), orig,
-        factor=_validate.check_float("factor", factor), attention_factor_override=within, long_attention_factor=past,
-    )
-
-
-def _longrope_mscale(params: Mapping[str, Any], model_type: object) -> tuple[Any, Any]:
-    """LongRoPE's attention factors ``(within, past)`` the original context: ``attention_factor``
-    (``past`` None: the same), or Phi-3.5-MoE's ``short_mscale``/``long_mscale``, which switch with the
-    factors."""
-    short, long = params.get("short_mscale"), params.get("long_mscale")
-    if short is None and long is None:
-        return params.get("attention_factor"), None
-    if model_type and model_type not in _MSCALE_MODEL_TYPES:
-        raise ValueError(
-            f"short_mscale/long_mscale are read by Phi-3.5-MoE (model_type 'phimoe'), but model_type={model_type!r}, "
-            f"whose transformers code ignores them; remove them, or give the attention factor as attention_factor"
-        )
-    if short is None or long is None:
-        raise ValueError(f"rope scaling 'longrope' needs both short_mscale and long_mscale, got {dict(params)}")
-    if params.get("attention_factor") is not None:
-        raise ValueError("give either attention_factor or short_mscale/long_mscale, not both")
-    short = _validate.check_float("short_mscale", short, minimum=0.0)
-    long = _validate.check_float("long_mscale", long, minimum=0.0)
-    return short, (None if long == short else long)
+    return base, rotary_dim, None if rule_class is None else rule_class.from_hf(params, config)
 
 
 class RopeLayoutSource(NamedTuple):

@@ -18,11 +18,13 @@ import dataclasses
 import decimal
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from posenc import _validate
+from posenc.core import _hf_fields as hf
 from posenc.core.exact import DECIMAL_DIGITS, TWO_PI
 
 _D = decimal.Decimal
@@ -74,6 +76,22 @@ class RopeScaling:
 
     name: ClassVar[str] = "none"
     length_dependent: ClassVar[bool] = False
+    #: The ``rope_type`` values of Hugging Face configs that name this rule.
+    hf_types: ClassVar[tuple[str, ...]] = ()
+    #: Whether the rule reads ``partial_rotary_factor`` itself, the rotary dim then being the whole head.
+    reads_partial_rotary: ClassVar[bool] = False
+
+    @classmethod
+    def from_hf(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> RopeScaling:
+        """The rule from a Hugging Face config: its rope parameters ``params`` (``rope_parameters``
+        or ``rope_scaling``) and its top level ``config`` (for ``max_position_embeddings``, the
+        model type); a missing or bad field raises ``ValueError`` naming it."""
+        raise NotImplementedError(f"{cls.__name__} has no Hugging Face configuration")
+
+    def to_hf(self) -> dict[str, Any]:
+        """The keys of a Hugging Face config that describe this rule: ``rope_parameters`` and the
+        top-level keys the rule reads.  :meth:`from_hf` of them gives the rule back."""
+        raise NotImplementedError(f"{type(self).__name__} has no Hugging Face configuration")
 
     def frequencies(self, dim: int, base: float, seq_len: int | None = None) -> tuple[decimal.Decimal, ...]:
         """Scaled frequencies (radians per position) as 60-digit Decimals, ``dim // 2`` of them."""
@@ -134,9 +152,17 @@ class LinearScaling(RopeScaling):
 
     factor: float
     name: ClassVar[str] = "linear"
+    hf_types: ClassVar[tuple[str, ...]] = ("linear",)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factor", _factor(self.factor))
+
+    @classmethod
+    def from_hf(cls, params, config):
+        return cls(hf.number(params, "factor", "linear"))
+
+    def to_hf(self):
+        return {"rope_parameters": {"rope_type": "linear", "factor": self.factor}}
 
     def _frequencies(self, dim, base, seq_len):
         f = _D(self.factor)
@@ -155,6 +181,25 @@ class NTKScaling(RopeScaling):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factor", _factor(self.factor))
+
+    @classmethod
+    def from_hf(cls, params, config):
+        """Hunyuan's ``{"type": "dynamic", "alpha": a}``: static NTK scaling by ``a`` (transformers has
+        no other static NTK rope type)."""
+        model_type = config.get("model_type")
+        if model_type and not str(model_type).startswith("hunyuan"):
+            raise ValueError(
+                f"rope scaling 'dynamic' with 'alpha' is Hunyuan's fixed NTK-alpha rule, but model_type="
+                f"{model_type!r}, whose transformers code ignores alpha and applies dynamic NTK scaling by 'factor'; "
+                f"remove alpha, or set model_type to the Hunyuan type the checkpoint comes from"
+            )
+        alpha = _validate.check_float("alpha", hf.need(params, "alpha", "dynamic"), positive=True)
+        if alpha < 1.0:
+            raise ValueError(f"alpha (Hunyuan's NTK base stretch) must be >= 1, got {alpha}")
+        return cls(alpha)
+
+    def to_hf(self):
+        return {"model_type": hf.NTK_ALPHA_MODEL_TYPE, "rope_parameters": {"rope_type": "dynamic", "alpha": self.factor}}
 
     def _frequencies(self, dim, base, seq_len):
         if dim <= 2:
@@ -178,10 +223,26 @@ class DynamicNTKScaling(RopeScaling):
     original_max_seq_len: int
     name: ClassVar[str] = "dynamic"
     length_dependent: ClassVar[bool] = True
+    hf_types: ClassVar[tuple[str, ...]] = ("dynamic",)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factor", _factor(self.factor))
         object.__setattr__(self, "original_max_seq_len", _original(self.original_max_seq_len))
+
+    @classmethod
+    def from_hf(cls, params, config):
+        """``"dynamic"`` by ``factor`` past ``max_position_embeddings``; with Hunyuan's ``alpha``, the
+        static rule :meth:`NTKScaling.from_hf` reads."""
+        if params.get("alpha"):
+            return NTKScaling.from_hf(params, config)
+        max_pos = config.get("max_position_embeddings")
+        if max_pos is None:
+            raise ValueError("rope scaling 'dynamic' needs max_position_embeddings in the config")
+        return cls(hf.number(params, "factor", "dynamic"), hf.whole("max_position_embeddings", max_pos))
+
+    def to_hf(self):
+        return {"max_position_embeddings": self.original_max_seq_len,
+                "rope_parameters": {"rope_type": "dynamic", "factor": self.factor}}
 
     def _frequencies(self, dim, base, seq_len):
         length = max(seq_len or 0, self.original_max_seq_len)
@@ -234,6 +295,37 @@ class YarnScaling(RopeScaling):
     attention_factor_override: float | None = None
     truncate: bool = True
     name: ClassVar[str] = "yarn"
+    hf_types: ClassVar[tuple[str, ...]] = ("yarn",)
+
+    @classmethod
+    def from_hf(cls, params, config):
+        """YaRN without a ``factor`` key raises (as transformers does); ``"factor": null`` means
+        ``max_position_embeddings / original_max_position_embeddings``."""
+        if "factor" not in params:
+            raise ValueError(
+                f"rope scaling 'yarn' needs 'factor' in the config's rope parameters (transformers refuses it too), got "
+                f"{dict(params)}; set the factor, or \"factor\": null to use max_position_embeddings / "
+                f"original_max_position_embeddings"
+            )
+        orig = hf.original_length(params, config, "yarn")
+        factor = params.get("factor")
+        if factor is None:                         # transformers: the ratio of the two lengths (1 if they agree)
+            factor = hf.whole("max_position_embeddings", hf.need(config, "max_position_embeddings", "yarn")) / orig
+        truncate = params.get("truncate", True)
+        return cls(
+            _validate.check_float("factor", factor), orig,
+            beta_fast=_validate.check_float("beta_fast", params.get("beta_fast") or 32.0),
+            beta_slow=_validate.check_float("beta_slow", params.get("beta_slow") or 1.0),
+            mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
+            attention_factor_override=params.get("attention_factor"), truncate=False if truncate is None else truncate,
+        )
+
+    def to_hf(self):
+        params = {"rope_type": "yarn", "factor": self.factor, "original_max_position_embeddings":
+                  self.original_max_seq_len, "beta_fast": self.beta_fast, "beta_slow": self.beta_slow,
+                  "mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim,
+                  "attention_factor": self.attention_factor_override, "truncate": self.truncate}
+        return {"rope_parameters": {key: value for key, value in params.items() if value is not None}}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factor", _factor(self.factor))
@@ -302,6 +394,18 @@ class Llama3Scaling(RopeScaling):
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     name: ClassVar[str] = "llama3"
+    hf_types: ClassVar[tuple[str, ...]] = ("llama3",)
+
+    @classmethod
+    def from_hf(cls, params, config):
+        return cls(hf.number(params, "factor", "llama3"), hf.original_length(params, config, "llama3"),
+                   low_freq_factor=hf.number(params, "low_freq_factor", "llama3"),
+                   high_freq_factor=hf.number(params, "high_freq_factor", "llama3"))
+
+    def to_hf(self):
+        return {"rope_parameters": {"rope_type": "llama3", "factor": self.factor,
+                                    "original_max_position_embeddings": self.original_max_seq_len,
+                                    "low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor}}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factor", _factor(self.factor))
@@ -357,6 +461,33 @@ class LongRopeScaling(RopeScaling):
     long_attention_factor: float | None = None
     name: ClassVar[str] = "longrope"
     length_dependent: ClassVar[bool] = True
+    hf_types: ClassVar[tuple[str, ...]] = ("longrope", "su")
+
+    @classmethod
+    def from_hf(cls, params, config):
+        """``factor`` defaults to ``max_position_embeddings / original_max_position_embeddings``;
+        Phi-3.5-MoE's ``short_mscale``/``long_mscale`` set the attention factor within and past the
+        original context."""
+        orig = hf.original_length(params, config, "longrope")
+        max_pos = config.get("max_position_embeddings")
+        factor = params.get("factor")
+        if factor is None:
+            factor = (hf.whole("max_position_embeddings", max_pos) / orig) if max_pos else 1.0
+        within, past = _longrope_mscale(params, config.get("model_type"))
+        return cls(hf.need(params, "short_factor", "longrope"), hf.need(params, "long_factor", "longrope"), orig,
+                   factor=_validate.check_float("factor", factor), attention_factor_override=within,
+                   long_attention_factor=past)
+
+    def to_hf(self):
+        params: dict[str, Any] = {"rope_type": "longrope", "short_factor": list(self.short_factor),
+                                  "long_factor": list(self.long_factor), "factor": self.factor,
+                                  "original_max_position_embeddings": self.original_max_seq_len}
+        if self.long_attention_factor is None:
+            if self.attention_factor_override is not None:
+                params["attention_factor"] = self.attention_factor_override
+            return {"rope_parameters": params}
+        params["short_mscale"], params["long_mscale"] = self.attention_factor(), self.long_attention_factor
+        return {"model_type": hf.MSCALE_MODEL_TYPES[0], "rope_parameters": params}
 
     def __post_init__(self) -> None:
         for field in ("short_factor", "long_factor"):
@@ -412,6 +543,17 @@ class ProportionalScaling(RopeScaling):
     partial_rotary_factor: float
     factor: float = 1.0
     name: ClassVar[str] = "proportional"
+    hf_types: ClassVar[tuple[str, ...]] = ("proportional",)
+    reads_partial_rotary: ClassVar[bool] = True
+
+    @classmethod
+    def from_hf(cls, params, config):
+        factor = _validate.check_float("factor", params.get("factor") or 1.0)
+        return cls(hf.partial_rotary_factor(params, config), factor=factor)
+
+    def to_hf(self):
+        return {"rope_parameters": {"rope_type": "proportional", "partial_rotary_factor": self.partial_rotary_factor,
+                                    "factor": self.factor}}
 
     def __post_init__(self) -> None:
         p = _validate.check_float("partial_rotary_factor", self.partial_rotary_factor, positive=True)
@@ -426,10 +568,36 @@ class ProportionalScaling(RopeScaling):
         return tuple(t / f for t in default_frequencies(dim, base)[:rotating]) + (_D(0),) * (dim // 2 - rotating)
 
 
+def _longrope_mscale(params: Mapping[str, Any], model_type: object) -> tuple[Any, Any]:
+    """LongRoPE's attention factors ``(within, past)`` the original context: ``attention_factor``
+    (``past`` None: the same), or Phi-3.5-MoE's ``short_mscale``/``long_mscale``, which switch with the
+    factors."""
+    short, long = params.get("short_mscale"), params.get("long_mscale")
+    if short is None and long is None:
+        return params.get("attention_factor"), None
+    if model_type and model_type not in hf.MSCALE_MODEL_TYPES:
+        raise ValueError(
+            f"short_mscale/long_mscale are read by Phi-3.5-MoE (model_type 'phimoe'), but model_type={model_type!r}, "
+            f"whose transformers code ignores them; remove them, or give the attention factor as attention_factor"
+        )
+    if short is None or long is None:
+        raise ValueError(f"rope scaling 'longrope' needs both short_mscale and long_mscale, got {dict(params)}")
+    if params.get("attention_factor") is not None:
+        raise ValueError("give either attention_factor or short_mscale/long_mscale, not both")
+    short = _validate.check_float("short_mscale", short, minimum=0.0)
+    long = _validate.check_float("long_mscale", long, minimum=0.0)
+    return short, (None if long == short else long)
+
+
+#: Every scaling rule by name: the one registry that configs, Hugging Face configs, the exports
+#: and the lab read (a new rule is one class here).
 SCALINGS: dict[str, type[RopeScaling]] = {
     cls.name: cls for cls in (LinearScaling, NTKScaling, DynamicNTKScaling, YarnScaling, Llama3Scaling, LongRopeScaling,
                               ProportionalScaling)
 }
+
+#: Hugging Face ``rope_type`` -> rule (``"default"``, no rule, is not in it).
+HF_ROPE_TYPES: dict[str, type[RopeScaling]] = {t: cls for cls in SCALINGS.values() for t in cls.hf_types}
 
 
 def frequencies(dim: int, base: float, scaling: RopeScaling | None = None, seq_len: int | None = None):

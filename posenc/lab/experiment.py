@@ -27,22 +27,19 @@ import torch
 import torch.nn.functional as F
 
 from posenc import _validate
-from posenc.core.rope import DynamicNTKScaling, LinearScaling, Llama3Scaling, NTKScaling, RopeScaling, YarnScaling
+from posenc.core.rope import RopeScaling
 from posenc.lab.corpus import stdlib_corpus
+from posenc.lab.lengthgen import ROPE_RULE_NAMES
 from posenc.lab.registry import DEFAULT_ENCODINGS, ENCODINGS
 from posenc.lab.results import LM_METRICS, POSITION_METRICS, identical_notes, versions
+from posenc.lab.rules import LAB_RULES
 from posenc.lab.tiny import TinyTransformer
 
 __all__ = ["CompareConfig", "ROPE_RULES", "compare", "position_task"]
 
-#: name -> rule for a given stretch factor and training length
-ROPE_RULES: dict[str, Callable[[float, int], RopeScaling]] = {
-    "linear": lambda f, L0: LinearScaling(f),
-    "ntk": lambda f, L0: NTKScaling(f),
-    "dynamic": lambda f, L0: DynamicNTKScaling(1.0, L0),
-    "yarn": lambda f, L0: YarnScaling(f, L0),
-    "llama3": lambda f, L0: Llama3Scaling(f, L0),
-}
+#: name -> rule for a given stretch factor, training length and head dim: the inference-time rules of
+#: ``rope+<rule>``, built by :mod:`posenc.lab.rules`
+ROPE_RULES: dict[str, Callable[[float, int, int], RopeScaling]] = {name: LAB_RULES[name] for name in ROPE_RULE_NAMES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +290,8 @@ def _compare(config: CompareConfig, progress: bool) -> dict:
                     if L <= config.train_len:
                         results[key][str(L)] = results["rope"][str(L)]
                     else:
-                        old = model.with_rope_scaling(ROPE_RULES[rule](L / config.train_len, config.train_len))
+                        old = model.with_rope_scaling(ROPE_RULES[rule](L / config.train_len, config.train_len,
+                                                                        model.dim // model.num_heads))
                         results[key][str(L)] = _evaluate(model, windows)
                         model.pos_module = old
                     bar.update(1, f"{key} eval {L}")

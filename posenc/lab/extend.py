@@ -16,7 +16,7 @@ Figure 2 and section 4), who compare rules by the fine-tuning steps they need fo
 The rules (Peng et al. 2023 compare the first four):
 
 - ``rope``: no rule (control); the model must learn the new positions by fine-tuning alone.
-- ``pi``: position interpolation (Chen et al. 2023), every frequency divided by ``factor``.
+- ``linear``: position interpolation (PI, Chen et al. 2023), every frequency divided by ``factor``.
 - ``ntk``: NTK-aware scaling (bloc97 2023), the base raised to ``factor^(d/(d-2))``.
 - ``yarn``: YaRN (Peng et al. 2023): NTK-by-parts interpolation and the attention temperature.
 - ``longrope``: LongRoPE-style per-pair factors (Ding et al. 2024) without LongRoPE's search: pair
@@ -37,7 +37,7 @@ from posenc.lab.results import versions
 
 __all__ = ["EXTEND_METRICS", "EXTEND_RULES", "ExtendConfig", "extension_rule", "run_extend"]
 
-EXTEND_RULES = ("rope", "pi", "ntk", "yarn", "longrope")
+EXTEND_RULES = ("rope", "linear", "ntk", "yarn", "longrope")
 
 EXTEND_METRICS = {
     "loss": {"unit": "nats per byte", "better": "lower",
@@ -49,22 +49,15 @@ EXTEND_METRICS = {
 
 
 def extension_rule(rule: str, factor: float, train_len: int, head_dim: int):
-    """The :class:`~posenc.RopeScaling` of ``rule`` (None for plain ``rope``)."""
-    from posenc.core.rope import LinearScaling, LongRopeScaling, NTKScaling, YarnScaling
+    """The :class:`~posenc.RopeScaling` of ``rule`` (None for plain ``rope``), as
+    :func:`posenc.lab.rules.lab_rule` builds it."""
+    from posenc.lab.rules import lab_rule
 
     if rule == "rope":
         return None
-    if rule == "pi":
-        return LinearScaling(factor)
-    if rule == "ntk":
-        return NTKScaling(factor)
-    if rule == "yarn":
-        return YarnScaling(factor, train_len)
-    if rule == "longrope":
-        pairs = head_dim // 2
-        long = tuple(factor ** (i / max(1, pairs - 1)) for i in range(pairs))
-        return LongRopeScaling((1.0,) * pairs, long, train_len, factor=factor)
-    raise ValueError(f"unknown extension rule {rule!r}; choose from {', '.join(EXTEND_RULES)}")
+    if rule not in EXTEND_RULES:
+        raise ValueError(f"unknown extension rule {rule!r}; choose from {', '.join(EXTEND_RULES)}")
+    return lab_rule(rule, factor, train_len, head_dim)
 
 
 @dataclasses.dataclass(frozen=True)

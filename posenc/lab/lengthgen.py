@@ -206,7 +206,7 @@ def _train_job(job: tuple[TaskConfig, str, int], report: Callable[[int, str], No
                 old = None
                 seq = tokens.shape[1] - 1
                 if rule is not None and seq > train_max:
-                    old = model.with_rope_scaling(ROPE_RULES[rule](seq / train_max, train_max))
+                    old = model.with_rope_scaling(ROPE_RULES[rule](seq / train_max, train_max, model.dim // model.num_heads))
                 preds = []
                 for i in range(0, tokens.shape[0], 50):
                     logits = model(tokens[i : i + 50, :-1])
