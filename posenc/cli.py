@@ -22,7 +22,6 @@ import pathlib
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from posenc.core import sinusoidal as core_sinusoidal
 from posenc.core.exact import MAX_POSITION
 from posenc.core.sinusoidal import SINUSOIDAL_LAYOUTS
 from posenc.lab.registry import DEFAULT_ENCODINGS, ENCODINGS
+from posenc.lab.task_registry import LAB_TASKS, SEQUENCE_TASKS, CompareOptions, LabTask
 
 FORMATS = ("torch", "csv", "json", "markdown")
 #: Where ``posenc compare`` trains and evaluates.
@@ -379,9 +379,6 @@ def _check_compare(args: argparse.Namespace) -> str | None:
     return None
 
 
-TASKS = ("copy", "reverse", "addition", "passkey")
-
-
 def _choose_threads(args: argparse.Namespace) -> tuple[int, str]:
     """``--threads`` if given, else the free cores; the line printed says which."""
     from posenc.lab.pool import auto_threads
@@ -392,110 +389,72 @@ def _choose_threads(args: argparse.Namespace) -> tuple[int, str]:
     return threads, f"automatic: {why}; --threads overrides"
 
 
+#: Why a task-only option does not apply to a task (the task's registry entry says which it takes).
+_TASK_ONLY = {
+    "eval_lens": lambda task: f"argument --eval-lens: lm only; --task {task} tests at its own lengths "
+                              "(the tasks at 1x to 8x, extend at 1x to 16x the training length)",
+    "seeds": lambda task: f"argument --seeds: for the tasks and extend; --task {task} trains one model per encoding "
+                          "from --seed",
+    "addition_order": lambda task: f"argument --addition-order: for --task addition only, not --task {task}",
+    "rope_rules": lambda task: f"argument --encodings: rope+<rule> is for the tasks {', '.join(SEQUENCE_TASKS)}; "
+                               "--task lm evaluates every rule on the rope model already",
+}
+
+
+def _check_task_options(args: argparse.Namespace, task: LabTask, encodings: tuple[str, ...]) -> None:
+    """Refuse an option the task does not read, naming it, instead of ignoring it."""
+    given = {"eval_lens": args.eval_lens is not None, "seeds": args.seeds is not None,
+             "addition_order": args.addition_order is not None, "rope_rules": any("+" in n for n in encodings)}
+    for option, why in _TASK_ONLY.items():
+        if given[option] and option not in task.takes:
+            args.command_parser.error(why(task.name))
+    if task.parallel and args.device != "cpu":
+        args.command_parser.error(f"argument --device: --task {task.name} runs on the CPU only (one thread per "
+                                  "job, so that results repeat to the last digit); pass --device cpu")
+    if task.name in SEQUENCE_TASKS and args.train_len is not None:
+        from posenc.lab.lengthgen import largest_train_size
+
+        largest = largest_train_size(task.name, reverse_answer=args.addition_order != "plain")
+        if args.train_len > largest:
+            args.command_parser.error(
+                f"argument --train-len: {args.train_len} is too large for --task {task.name}: its test at 8x would "
+                f"be longer than {MAX_COMPARE_LEN} tokens; pass at most {largest}")
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     problem = _torch_missing("compare")
     if problem:
         print(problem, file=sys.stderr)
         return 1
-    from posenc.lab.experiment import CompareConfig, compare, position_task
-    from posenc.lab.results import format_results
-
-    out = args.out
-    figure = "compare.png" if args.task in ("lm", "position") else f"{args.task}.png"
-    _prepare_folder(out, ["results.json", figure])                  # fail before minutes of training
+    out, task = args.out, LAB_TASKS[args.task]
+    _prepare_folder(out, ["results.json", *([task.figure_file] if task.figure_file else [])])  # before the training
     encodings = args.encodings if args.encodings is not None else DEFAULT_ENCODINGS
-    if args.eval_lens is not None and args.task != "lm":
-        args.command_parser.error(f"argument --eval-lens: lm only; --task {args.task} tests at its own lengths "
-                                  "(the tasks at 1x to 8x, extend at 1x to 16x the training length)")
-    if args.seeds is not None and args.task in ("lm", "position"):
-        args.command_parser.error(f"argument --seeds: for the tasks and extend; --task {args.task} trains one "
-                                  "model per encoding from --seed")
-    if args.addition_order is not None and args.task != "addition":
-        args.command_parser.error(f"argument --addition-order: for --task addition only, not --task {args.task}")
-    if args.task not in TASKS and any("+" in n for n in encodings):
-        args.command_parser.error(f"argument --encodings: rope+<rule> is for the tasks {', '.join(TASKS)}; "
-                                  "--task lm evaluates every rule on the rope model already")
+    _check_task_options(args, task, encodings)
     threads, why = _choose_threads(args)
-    if args.task in TASKS or args.task == "extend":
+    if task.parallel:
         print(f"posenc compare: {threads} worker(s) of 1 thread ({why}); the results do not depend on it",
               file=sys.stderr)
-        return _cmd_compare_task(args, encodings, threads, why, figure)
-    print(f"posenc compare: {threads} thread(s) ({why})", file=sys.stderr)
-    if args.task == "position":
-        results = position_task(encodings, steps=args.steps or (150 if args.quick else 400), seed=args.seed,
-                                progress=not args.no_progress, device=args.device, threads=threads)
-        _emit("\n".join([f"position task (bidirectional, length {results['length']}, chance {results['chance']:.3f}; "
-                         "accuracy, higher is better)",
-                         *(f"{name:<12} accuracy {acc:.3f}" for name, acc in results["accuracy"].items())]))
-        _write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
-        print(f"wrote {out / 'results.json'}", file=sys.stderr)
-        return 0
-    overrides: dict[str, Any] = {"encodings": encodings, "train_len": args.train_len or 64,
-                                 "eval_lens": args.eval_lens or (64, 128, 256, 512), "seed": args.seed,
-                                 "device": args.device,
-                                 "threads": threads}
-    if args.steps is not None:
-        overrides["steps"] = args.steps
-    config = CompareConfig.quick(**overrides) if args.quick else CompareConfig(**overrides)
-    results = compare(config, progress=not args.no_progress)
-    results["threads_choice"] = why
-    _emit(format_results(results))                                  # shown even if the disk is full
-    _write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
-    print(f"wrote {out / 'results.json'} ({results['seconds']} s of training and evaluation)", file=sys.stderr)
-    try:
-        from posenc.lab.plots import plot_compare
-
-        png = plot_compare(results, out / "compare.png")
-    except ImportError as err:
-        print(f"posenc compare: no plot: {err}", file=sys.stderr)
-        return 0
-    except OSError as err:
-        raise _WriteError(err.filename or out / "compare.png", err) from err
-    print(f"wrote {png}", file=sys.stderr)
-    return 0
-
-
-def _cmd_compare_task(args: argparse.Namespace, encodings: tuple[str, ...], workers: int, why: str,
-                      figure: str) -> int:
-    if args.device != "cpu":
-        args.command_parser.error(f"argument --device: --task {args.task} runs on the CPU only (one thread per "
-                                  "job, so that results repeat to the last digit); pass --device cpu")
-    seeds = tuple(range(args.seed, args.seed + (args.seeds or 3)))
-    if args.task == "extend":
-        from posenc.lab.extend import ExtendConfig, run_extend
-        from posenc.lab.results import format_extend_results
-
-        extend = ExtendConfig.preset(quick=args.quick, train_len=args.train_len, steps=args.steps, seeds=seeds,
-                                     workers=workers)
-        results = run_extend(extend, progress=not args.no_progress, threads_note=why)
-        text = format_extend_results(results)
     else:
-        from posenc.lab.lengthgen import TaskConfig, largest_train_size, run_task
-        from posenc.lab.results import format_task_results
-
-        if args.train_len is not None and args.train_len > (largest := largest_train_size(
-                args.task, reverse_answer=args.addition_order != "plain")):
-            args.command_parser.error(
-                f"argument --train-len: {args.train_len} is too large for --task {args.task}: its test at 8x would "
-                f"be longer than {MAX_COMPARE_LEN} tokens; pass at most {largest}")
-        config = TaskConfig.preset(args.task, quick=args.quick, encodings=encodings, train_size=args.train_len,
-                                   steps=args.steps, seeds=seeds, workers=workers,
-                                   reverse_answer=args.addition_order != "plain")
-        results = run_task(config, progress=not args.no_progress, threads_note=why)
-        text = format_task_results(results)
-    _emit(text)
-    _write_text(out := args.out / "results.json", json.dumps(results, indent=1) + "\n")
-    print(f"wrote {out} ({results['wall_seconds']} s)", file=sys.stderr)
+        print(f"posenc compare: {threads} thread(s) ({why})", file=sys.stderr)
+    options = CompareOptions(encodings, quick=args.quick, train_len=args.train_len, steps=args.steps, seed=args.seed,
+                             seeds=args.seeds, eval_lens=args.eval_lens, addition_order=args.addition_order,
+                             device=args.device, threads=threads, threads_note=why, progress=not args.no_progress)
+    results = task.run(options)
+    _emit(task.format(results))                                     # shown even if the disk is full
+    _write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
+    took = results.get("wall_seconds", results.get("seconds"))
+    print(f"wrote {out / 'results.json'}" + ("" if took is None else f" ({took} s)"), file=sys.stderr)
+    if task.figure is None:
+        return 0
     try:
-        from posenc.lab.plots import extend_figure, save_figure, task_figure
+        from posenc.lab.plots import save_figure
 
-        fig = extend_figure(results) if args.task == "extend" else task_figure(results)
-        png = save_figure(fig, args.out / figure)
+        png = save_figure(task.figure(results), out / task.figure_file)
     except ImportError as err:
         print(f"posenc compare: no plot: {err}", file=sys.stderr)
         return 0
     except OSError as err:
-        raise _WriteError(err.filename or args.out / figure, err) from err
+        raise _WriteError(err.filename or out / task.figure_file, err) from err
     print(f"wrote {png}", file=sys.stderr)
     return 0
 
@@ -592,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quick", action="store_true",
                    help="a smaller model and budget (lm: 400 steps, width 64, depth 2; each task and extend: under "
                         "200 CPU-seconds, about 100 s on 2 idle cores)")
-    c.add_argument("--task", choices=("lm", "position", *TASKS, "extend"), default="lm",
+    c.add_argument("--task", choices=tuple(LAB_TASKS), default="lm",
                    help="lm: language modelling past the training length; position: bidirectional order task; "
                         "copy, reverse, addition, passkey: exact match at 1x-8x the training size; extend: "
                         "fine-tuning a RoPE model with each context-extension rule")
