@@ -263,9 +263,9 @@ def pack_tables(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tens
     return torch.stack([cos, sin], -1).flatten(-2)
 
 
-def decode_factors(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
-    """Views of a :func:`pack_tables` table that give a decode step its factor rows by one index
-    each: ``([cos | cos], [-sin | sin])`` (half layout, ``(P, 2h)`` each) or ``cos + i sin`` (interleaved,
+def row_factors(packed: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """Views of a :func:`pack_tables` table that give a one-token call (a decode step) its factor
+    rows by one index each: ``([cos | cos], [-sin | sin])`` (half layout, ``(P, 2h)`` each) or ``cos + i sin`` (interleaved,
     ``(P, h)`` complex).  Made where the table is made, by the module that owns it."""
     if layout == "half":
         d = packed.shape[-1] // 2
@@ -333,7 +333,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor | None, *, cos: torch.Tensor | None
     return _rotate_pair(q, k, c, s, layout, inplace, seq_dim)
 
 
-#: The one rounding back from float32 of a decode step, by the tensor method that costs least per call.
+#: The one rounding back from float32 of a small call, by the tensor method that costs least per call.
 _NARROW = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half}
 
 
@@ -342,7 +342,8 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
     """The eager call of :func:`rope_qk` for calls like this one: ``rotation(q, k, cos, sin, positions,
     offset, cu_seqlens=None, packed=None) -> (q_out, k_out)``.
 
-    A decode step (small q and k, out of place, at an offset, no autograd, not inverse) gets a
+    A small call (q and k up to :data:`BLOCK` elements each: a decode step, or a short prefill; out of
+    place, at an offset, no autograd, not inverse) gets a
     rotation with its path decided here: one lookup of the rows (in their packed form when ``packed``
     is passed), then the small path's few calls; any other call takes :func:`rope_qk`, which picks
     its path by size.
@@ -366,7 +367,7 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
     pairs = (*q.shape[:head], (q.shape[head] + k.shape[head]) if concat else 0, *q.shape[head + 1:-1], h, 2)
     halves = (*pairs[:-2], 2, h)
 
-    def decode(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
+    def small_call(q, k, cos, sin, positions, offset, cu_seqlens=None, packed=None, factors=None):
         if concat and S == 1:
             if factors is not None:                                         # the owner's views of its table
                 return _factored(q, k, tuple(f[offset] for f in factors))
@@ -428,4 +429,4 @@ def prepare(q, k, cos, sin, positions, offset, layout: str, seq_dim: int, inplac
         if dtype != torch.float32:
             both = _NARROW[dtype](both)                                     # one rounding
         return both.split_with_sizes(sizes, head)
-    return decode
+    return small_call

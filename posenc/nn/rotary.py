@@ -37,7 +37,7 @@ from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
 from posenc.kernels import engine, rope_engine
-from posenc.kernels.torch_rope import decode_factors, pack_tables, unpack_tables
+from posenc.kernels.torch_rope import pack_tables, row_factors, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
 
@@ -267,11 +267,11 @@ class RotaryEmbedding(TableModule):
         self._make_factors()
 
     def _make_factors(self) -> None:
-        """The decode step's factor rows as views of the packed table (:func:`decode_factors`), made with
+        """The decode step's factor rows as views of the packed table (:func:`row_factors`), made with
         the table (here and whenever ``.to()`` moves it); a step uses them only while they view the
         table the module holds, so ``forward`` never writes them."""
         table = cast(torch.Tensor, self._buffers["packed_table"])
-        self._factors = (table, decode_factors(table, self.layout))
+        self._factors = (table, row_factors(table, self.layout))
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
