@@ -285,7 +285,7 @@ def section_prefill(bench: Bench, backward: bool = False) -> None:
             q = torch.randn(qs, device=bench.device, dtype=dtype)
             k = torch.randn(ks, device=bench.device, dtype=dtype)
             nbytes = 2 * (q.numel() + k.numel()) * q.element_size() * (2 if backward else 1)
-            ref = R.apply_rope_qk(q.float(), None, cos, sin, seq_dim=sd, backend="torch")[0]
+            ref = R.apply_rope_qk(q.float(), None, cos, sin, seq_dim=sd, engine="torch")[0]
             bshape = (1, 1, S, D) if sd == 2 else (1, S, 1, D)                # HF's cos/sin broadcast
             c_hf, s_hf = cos_hf.view(bshape).to(dtype), sin_hf.view(bshape).to(dtype)
             rows = _prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref, backward)
@@ -312,7 +312,7 @@ def _prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref, backward
 
         rows = [("limit: copy q and k twice", lambda: (qb.copy_(q), kb.copy_(k), qb.copy_(q), kb.copy_(k)), None)]
         rows.append(("posenc triton (autograd)", train(lambda a, b: R.apply_rope_qk(a, b, cos, sin, seq_dim=sd,
-                                                                                    backend="triton")), None))
+                                                                                    engine="triton")), None))
         rows.append(("HF eager (autograd)", train(lambda a, b: _hf(a, b, c_hf, s_hf)), None))
         hfc = bench.compile("hf", _hf)
         if hfc is not None:
@@ -330,11 +330,11 @@ def _prefill_rows(bench, q, k, cos, sin, c_hf, s_hf, cs_cache, sd, ref, backward
     rows = [("limit: copy q and k", lambda: (qb.copy_(q), kb.copy_(k)), None)]
     qi, ki = q.clone(), k.clone()
     rows.append(("posenc triton, inplace=True",
-                 lambda: R.apply_rope_qk(qi, ki, cos, sin, seq_dim=sd, inplace=True, backend="triton"),
+                 lambda: R.apply_rope_qk(qi, ki, cos, sin, seq_dim=sd, inplace=True, engine="triton"),
                  lambda: (R.apply_rope_qk(q.clone(), k.clone(), cos, sin, seq_dim=sd, inplace=True,
-                                          backend="triton")[0], ref)))
-    rows.append(("posenc triton", lambda: R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, backend="triton"),
-                 lambda: (R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, backend="triton")[0], ref)))
+                                          engine="triton")[0], ref)))
+    rows.append(("posenc triton", lambda: R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, engine="triton"),
+                 lambda: (R.apply_rope_qk(q, k, cos, sin, seq_dim=sd, engine="triton")[0], ref)))
     rows.append(("HF eager", lambda: _hf(q, k, c_hf, s_hf), (_hf(q, k, c_hf, s_hf)[0], ref)))
     hfc = bench.compile("hf", _hf)
     if hfc is not None:
@@ -413,11 +413,11 @@ def section_decode(bench: Bench) -> None:
             q = torch.randn(B, 1, Hq, D, device=bench.device, dtype=dtype)      # (B, S=1, H, D)
             k = torch.randn(B, 1, Hk, D, device=bench.device, dtype=dtype)
             pos = torch.randint(0, P, (B, 1), device=bench.device)
-            ref = R.apply_rope_qk(q.float(), None, cos, sin, positions=pos, seq_dim=1, backend="torch")[0]
-            got = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+            ref = R.apply_rope_qk(q.float(), None, cos, sin, positions=pos, seq_dim=1, engine="torch")[0]
+            got = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)
             rows = [
                 ("posenc apply_rope_qk (triton, positions promised in the table)",
-                 lambda q=q, k=k, pos=pos: R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton",
+                 lambda q=q, k=k, pos=pos: R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="triton",
                                                            assume_valid=True), (got[0], ref)),
                 ("posenc RotaryEmbedding module (assume_valid=True)",
                  lambda q=q, k=k, pos=pos: rope(q, k, positions=pos, seq_dim=1, assume_valid=True), None),
@@ -494,18 +494,18 @@ def section_varlen(bench: Bench) -> None:
         q = torch.randn(total, Hq, D, device=bench.device, dtype=dtype)     # (T, H, D)
         k = torch.randn(total, Hk, D, device=bench.device, dtype=dtype)
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
-        ref = R.apply_rope_qk(q.float()[None], None, cos, sin, positions=pos[None], seq_dim=1, backend="torch")[0][0]
+        ref = R.apply_rope_qk(q.float()[None], None, cos, sin, positions=pos[None], seq_dim=1, engine="torch")[0][0]
         qb, kb = torch.empty_like(q), torch.empty_like(k)
         qi, ki = q.clone(), k.clone()
         rows = [("limit: copy q and k", lambda: (qb.copy_(q), kb.copy_(k)), None),
                 ("posenc triton, cu_seqlens, inplace=True",
-                 lambda: R.apply_rope_qk(qi, ki, cos, sin, cu_seqlens=cu, inplace=True, backend="triton",
+                 lambda: R.apply_rope_qk(qi, ki, cos, sin, cu_seqlens=cu, inplace=True, engine="triton",
                                          assume_valid=True),
                  lambda: (R.apply_rope_qk(q.clone(), k.clone(), cos, sin, cu_seqlens=cu, inplace=True,
-                                          backend="triton")[0], ref)),
+                                          engine="triton")[0], ref)),
                 ("posenc triton, cu_seqlens",
-                 lambda: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton", assume_valid=True),
-                 lambda: (R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, backend="triton")[0], ref))]
+                 lambda: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, engine="triton", assume_valid=True),
+                 lambda: (R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, engine="triton")[0], ref))]
         hfc = bench.compile("hf_varlen", lambda q, k, pos: _hf(q, k, cos_hf[pos][:, None].to(q.dtype),
                                                                sin_hf[pos][:, None].to(q.dtype)))
         if hfc is not None:
@@ -546,18 +546,18 @@ def section_cache(bench: Bench) -> None:
         rows_b = torch.arange(B, device=bench.device)
 
         def unfused_posenc():
-            qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=lens[:, None], seq_dim=1, backend="triton",
+            qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=lens[:, None], seq_dim=1, engine="triton",
                                      assume_valid=True)
             kc[rows_b, :, lens] = kr[:, 0]
             vc[rows_b, :, lens] = v[:, 0]
             return qr
 
-        ref_q = R.apply_rope_qk(q.float(), None, cos, sin, positions=lens[:, None], seq_dim=1, backend="torch")[0]
-        got = posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, backend="triton",
+        ref_q = R.apply_rope_qk(q.float(), None, cos, sin, positions=lens[:, None], seq_dim=1, engine="torch")[0]
+        got = posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, engine="triton",
                                     assume_valid=True)
         rows = [("posenc rope_and_cache, contiguous cache (one launch)",
                  lambda: posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1,
-                                               backend="triton", assume_valid=True), (got, ref_q)),
+                                               engine="triton", assume_valid=True), (got, ref_q)),
                 ("posenc apply_rope_qk, then the cache write (unfused)", unfused_posenc, None)]
         fi = bench.peers.get("flashinfer_rope")
         if fi is not None:
@@ -598,16 +598,16 @@ def _cache_paged(bench, q, k, v, lens, cos, sin, cs_cache, block, ref_q):
     vc = torch.zeros_like(kc)
     slots = torch.randperm(n_blocks * block, device=q.device)[:B]
     qt, kt, vt = q[:, 0], k[:, 0], v[:, 0]                                      # (T=B, H, D)
-    got = posenc.rope_and_cache(qt, kt, vt, kc, vc, cos, sin, slots=slots, positions=lens, backend="triton",
+    got = posenc.rope_and_cache(qt, kt, vt, kc, vc, cos, sin, slots=slots, positions=lens, engine="triton",
                                 assume_valid=True)
     rows = [("posenc rope_and_cache, paged cache (one launch)",
              lambda: posenc.rope_and_cache(qt, kt, vt, kc, vc, cos, sin, slots=slots, positions=lens,
-                                           backend="triton", assume_valid=True), (got, ref_q[:, 0]))]
+                                           engine="triton", assume_valid=True), (got, ref_q[:, 0]))]
     flat_k, flat_v = kc.view(-1, Hk, D), vc.view(-1, Hk, D)
 
     def unfused_posenc():
         qr, kr = posenc.apply_rope_qk(qt[None], kt[None], cos, sin, positions=lens[None], seq_dim=1,
-                                      backend="triton", assume_valid=True)
+                                      engine="triton", assume_valid=True)
         flat_k.index_copy_(0, slots, kr[0])
         flat_v.index_copy_(0, slots, vt)
         return qr
@@ -655,8 +655,8 @@ def section_qknorm(bench: Bench) -> None:
         def eager(q, k, wq, wk):
             return _hf(norm(q, wq), norm(k, wk), c_hf, s_hf)
 
-        ref = R.apply_rope_qk(norm(q.float(), wq.float()), None, cos, sin, seq_dim=1, backend="torch")[0]
-        fused = rms_norm_rope_qk(q, k, wq, wk, cos, sin, eps=eps, seq_dim=1, backend="triton")
+        ref = R.apply_rope_qk(norm(q.float(), wq.float()), None, cos, sin, seq_dim=1, engine="torch")[0]
+        fused = rms_norm_rope_qk(q, k, wq, wk, cos, sin, eps=eps, seq_dim=1, engine="triton")
         for train in (False, True):
             rows = _qknorm_rows(bench, q, k, wq, wk, cos, sin, eps, eager, norm, c_hf, s_hf, train,
                                 rms_norm_rope_qk, fused[0], ref)
@@ -675,9 +675,9 @@ def _qknorm_rows(bench, q, k, wq, wk, cos, sin, eps, eager, norm, c_hf, s_hf, tr
     copies = (lambda: (qb.copy_(q), kb.copy_(k), qb.copy_(q), kb.copy_(k))) if train else (
         lambda: (qb.copy_(q), kb.copy_(k)))
     impls = [("posenc rms_norm_rope_qk (one kernel)",
-              lambda a, b, wa, wb: fused_fn(a, b, wa, wb, cos, sin, eps=eps, seq_dim=1, backend="triton")),
+              lambda a, b, wa, wb: fused_fn(a, b, wa, wb, cos, sin, eps=eps, seq_dim=1, engine="triton")),
              ("torch RMSNorm, then posenc apply_rope_qk (unfused)",
-              lambda a, b, wa, wb: R.apply_rope_qk(norm(a, wa), norm(b, wb), cos, sin, seq_dim=1, backend="triton")),
+              lambda a, b, wa, wb: R.apply_rope_qk(norm(a, wa), norm(b, wb), cos, sin, seq_dim=1, engine="triton")),
              ("HF eager (Qwen3RMSNorm + apply_rotary_pos_emb)", eager)]
     compiled = bench.compile("qknorm_eager", eager)
     if compiled is not None:
@@ -736,7 +736,7 @@ def section_graph(bench: Bench) -> None:
     keys = torch.arange(S_max, device="cuda")
 
     def step():
-        qr = posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, backend="triton", assume_valid=True)
+        qr = posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, engine="triton", assume_valid=True)
         mask = (keys[None, :] <= lens[:, None])[:, None, None]                # (B, 1, 1, S_max)
         return torch.nn.functional.scaled_dot_product_attention(qr, kc, vc, attn_mask=mask, enable_gqa=True)
 
@@ -862,7 +862,7 @@ def section_host(bench: Bench) -> None:
             def fallback(q=q, k=k, pos=pos):
                 triton_launch.DIRECT = False
                 try:
-                    return R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton",
+                    return R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="triton",
                                            assume_valid=True)
                 finally:
                     triton_launch.DIRECT = True
@@ -870,18 +870,18 @@ def section_host(bench: Bench) -> None:
             posenc_rows = [
                 ("posenc: the prepared rotation alone (a plan's run)", lambda: rotation(q, k, cos, sin, pos, 0)),
                 ("posenc apply_rope_qk, positions promised", lambda: R.apply_rope_qk(
-                    q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)),
+                    q, k, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)),
                 ("posenc apply_rope_qk, positions checked (one read)", lambda: R.apply_rope_qk(
-                    q, k, cos, sin, positions=pos, seq_dim=1, backend="triton")),
+                    q, k, cos, sin, positions=pos, seq_dim=1, engine="triton")),
                 ("posenc apply_rope_qk, offset", lambda: R.apply_rope_qk(q, k, cos, sin, offset=17, seq_dim=1,
-                                                                          backend="triton")),
+                                                                          engine="triton")),
                 ("posenc RotaryEmbedding, offset", lambda: rope(q, k, offset=17, seq_dim=1)),
                 ("posenc RotaryEmbedding, positions promised", lambda: rope(q, k, positions=pos, seq_dim=1,
                                                                             assume_valid=True)),
                 ("posenc rope_and_cache, promised", lambda: posenc.rope_and_cache(
-                    q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, backend="triton", assume_valid=True)),
+                    q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, engine="triton", assume_valid=True)),
                 ("posenc rms_norm_rope_qk, promised", lambda: posenc.rms_norm_rope_qk(
-                    q, k, w, w, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)),
+                    q, k, w, w, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)),
                 ("posenc apply_rope_qk, positions promised, kernel[grid] fallback (no direct launch)", fallback),
             ]
             peer_rows = [("HF eager (rows gathered per call)",

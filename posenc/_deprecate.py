@@ -50,3 +50,11 @@ def renamed(where: str, old: str, new: str, old_value: Any, new_value: Any, defa
     if not tracing:
         warn(f"{where}: {old}= is deprecated and will be removed in the next release; pass {new}= instead")
     return old_value
+
+
+def renamed_attribute(old: str, new: str) -> property:
+    """A read-only property ``old`` that returns attribute ``new`` with a ``DeprecationWarning``."""
+    def get(self: Any) -> Any:
+        warn(f"{type(self).__name__}.{old} is deprecated and will be removed in the next release; read .{new}")
+        return getattr(self, new)
+    return property(get, doc=f"Old name of :attr:`{new}` (deprecated).")

@@ -213,7 +213,7 @@ def test_rotary_entry_points_decide_through_the_one_pipeline(rel):
     the backend rule itself."""
     tree = ast.parse((ROOT / rel).read_text())
     called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
-    assert "resolve_rope_backend" not in called, rel
+    assert "resolve_rope_engine" not in called, rel
     assert "choose_engine" in called, rel
 
 

@@ -327,15 +327,15 @@ def test_triton_matches_torch_engine(layout, batched):
         pytest.skip("TRITON_INTERPRET was set to something other than 1")
     pos = torch.randint(0, 12, (2, 5, 2) if batched else (5, 2))
     q, k = torch.randn(2, 5, 3, 12), torch.randn(2, 5, 1, 12)               # (B, S, H, D), partial rotary
-    mt = AxialRotaryEmbedding((4, 4), layout=layout, backend="triton")
-    mr = AxialRotaryEmbedding((4, 4), layout=layout, backend="torch")
+    mt = AxialRotaryEmbedding((4, 4), layout=layout, engine="triton")
+    mr = AxialRotaryEmbedding((4, 4), layout=layout, engine="torch")
     for a, b in zip(mt(q, k, positions=pos, seq_dim=1), mr(q, k, positions=pos, seq_dim=1), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
     q2 = q.clone()
     mt(q2, positions=pos, seq_dim=1, inplace=True)
     torch.testing.assert_close(q2, mr(q, positions=pos, seq_dim=1)[0], rtol=0, atol=2e-6)
     with pytest.raises(ValueError, match="learned"):
-        AxialRotaryEmbedding((4, 4), learned=True, num_heads=3, backend="triton")(q, positions=pos, seq_dim=1)
+        AxialRotaryEmbedding((4, 4), learned=True, num_heads=3, engine="triton")(q, positions=pos, seq_dim=1)
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -353,7 +353,7 @@ def test_triton_matches_torch_engine(layout, batched):
         ({"axes_dims": (4, 4), "learned": True, "num_heads": 2, "max_seq_len": 64}, ValueError, "keeps no table: drop max_seq_len"),
         ({"axes_dims": (2, 4), "learned": True, "num_heads": 2}, ValueError, "multiple of 2 \\* n_axes"),
         ({"axes_dims": (4, 4), "layout": "neox"}, ValueError, "layout"),
-        ({"axes_dims": (4, 4), "backend": "cuda"}, ValueError, "backend"),
+        ({"axes_dims": (4, 4), "engine": "cuda"}, ValueError, "engine"),
         ({"axes_dims": (4, 4), "base": -1.0}, ValueError, "base"),
     ],
 )

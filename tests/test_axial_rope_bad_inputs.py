@@ -142,8 +142,8 @@ for _id, _call, _exc, _match in [
      ValueError, "cos and sin must have the same shape"),
     ("cos-meta-half", lambda: apply_axial_rope(rand(6, 8), *(t.to(META) for t in _acs()), axes_dims=(4, 4), layout="half"),
      ValueError, "cos is on meta but x on cpu"),
-    ("backend-half", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(4, 4), layout="half", backend="cuda"),
-     ValueError, "backend must be one of"),
+    ("engine-half", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(4, 4), layout="half", engine="cuda"),
+     ValueError, "engine must be one of"),
     ("inplace-int-half", lambda: apply_axial_rope(rand(6, 8), *_acs(), axes_dims=(4, 4), layout="half", inplace=1),
      TypeError, "inplace must be a bool"),
     # the checks apply_rope makes must hold on the half path too (today: IndexError / RuntimeError escape)
@@ -218,7 +218,7 @@ for _id, _kw, _exc, _match in [
     ("max_seq_len-negative", {"max_seq_len": -1}, ValueError, "max_seq_len must be >= 1"),
     ("max_seq_len-float", {"max_seq_len": 4.0}, TypeError, "max_seq_len must be an int"),
     ("max_seq_len-bool", {"max_seq_len": True}, TypeError, "max_seq_len must be an int"),
-    ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
+    ("engine", {"engine": "cuda"}, ValueError, "engine must be one of"),
 ]:
     bad("AxialRotaryEmbedding", f"init-{_id}", lambda kw=_kw: AxialRotaryEmbedding(**{"axes_dims": (4, 4), **kw}), _exc, _match)
 for _id, _call, _exc, _match in [

@@ -23,9 +23,9 @@ def _layer_step(rope, x, wq, wk, wv, cache_k, cache_v, offset):
     return out.transpose(1, 2).reshape(1, 64)
 
 
-@pytest.mark.parametrize("backend", ["torch", "auto"])
-def test_attention_decode_step_runs_without_synchronisation(backend):
-    rope = posenc.RotaryEmbedding(16, max_seq_len=256, backend=backend).cuda()
+@pytest.mark.parametrize("engine", ["torch", "auto"])
+def test_attention_decode_step_runs_without_synchronisation(engine):
+    rope = posenc.RotaryEmbedding(16, max_seq_len=256, engine=engine).cuda()
     q, k, v = (torch.randn(1, h, s, 16, device="cuda") for h, s in ((4, 1), (2, 100), (2, 100)))
     pos = torch.tensor([99], device="cuda")                  # (a copy from the host synchronises: made before)
     torch.cuda.synchronize()
@@ -38,10 +38,10 @@ def test_attention_decode_step_runs_without_synchronisation(backend):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("backend", ["torch", "auto"])
-def test_two_layer_decode_step_captures_and_replays_in_a_cuda_graph(backend):
+@pytest.mark.parametrize("engine", ["torch", "auto"])
+def test_two_layer_decode_step_captures_and_replays_in_a_cuda_graph(engine):
     torch.manual_seed(0)
-    rope = posenc.RotaryEmbedding(16, max_seq_len=256, backend=backend).cuda()
+    rope = posenc.RotaryEmbedding(16, max_seq_len=256, engine=engine).cuda()
     weights = [[torch.randn(64, n, device="cuda") / 8 for n in (64, 32, 32)] for _ in range(2)]
     caches = [(torch.zeros(1, 2, 256, 16, device="cuda"), torch.zeros(1, 2, 256, 16, device="cuda")) for _ in range(2)]
     x = torch.randn(1, 64, device="cuda")

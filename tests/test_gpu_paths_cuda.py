@@ -50,8 +50,8 @@ def test_varlen_kernel_matches_the_torch_engine_forward_and_backward(dtype):
     q, k = fused[:, :8], fused[:, 8:10]
     cos, sin = tables(2048, 96)
     off = torch.tensor([0, 5, 700, 3], device="cuda")
-    qt, kt = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=off, backend="triton")
-    qr, kr = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=off, backend="torch")
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=off, engine="triton")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=off, engine="torch")
     close(qt, qr, dtype)
     close(kt, kr, dtype)
     g = torch.randn_like(qt), torch.randn_like(kt)
@@ -69,17 +69,17 @@ def test_rope_and_cache_kernel_matches_the_torch_engine(paged, dtype):
     q, k, v = (torch.randn(B, 1, h, D, device="cuda", dtype=dtype) for h in (Hq, Hk, Hk))
     lens = torch.randint(0, S_max - 1, (B,), device="cuda")
     outs = []
-    for backend in ("triton", "torch"):
+    for engine in ("triton", "torch"):
         if paged:
             kc = torch.zeros(B * S_max // 16, 16, Hk, D, device="cuda", dtype=dtype)
             vc = torch.zeros_like(kc)
             slots = torch.arange(B, device="cuda") * 16 + 3
             qo = posenc.rope_and_cache(q[:, 0], k[:, 0], v[:, 0], kc, vc, cos, sin, slots=slots, positions=lens,
-                                       backend=backend)
+                                       engine=engine)
         else:
             kc = torch.zeros(B, Hk, S_max, D, device="cuda", dtype=dtype)
             vc = torch.zeros_like(kc)
-            qo = posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, backend=backend)
+            qo = posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, engine=engine)
         outs.append((qo, kc, vc))
     for got, ref in zip(*outs, strict=True):
         close(got, ref, dtype)
@@ -93,7 +93,7 @@ def test_rms_norm_rope_kernel_matches_the_torch_engine():
     wq = (torch.rand(128, device="cuda") + 0.5).requires_grad_()
     wk = (torch.rand(128, device="cuda") + 0.5).requires_grad_()
     cos, sin = tables(512, 128)
-    outs = [norm_rope.rms_norm_rope_qk(q, k, wq, wk, cos, sin, seq_dim=1, backend=b) for b in ("triton", "torch")]
+    outs = [norm_rope.rms_norm_rope_qk(q, k, wq, wk, cos, sin, seq_dim=1, engine=b) for b in ("triton", "torch")]
     for got, ref in zip(*outs, strict=True):
         close(got, ref, torch.bfloat16)
     g = [torch.randn_like(t) for t in outs[0]]

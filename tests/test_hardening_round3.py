@@ -69,7 +69,7 @@ def _paged_call(k_cache, v_cache):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, h, 8, generator=g) for h in (4, 1, 1))
     return rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=torch.tensor([0, 3, 5]),
-                          positions=torch.tensor([1, 2, 3]), backend="torch")
+                          positions=torch.tensor([1, 2, 3]), engine="torch")
 
 
 @pytest.mark.parametrize("shift", [1, 8, 63])                       # elements between the two caches' starts

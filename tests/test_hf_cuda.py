@@ -73,7 +73,7 @@ def test_deepseek_v4_on_the_kernel_equals_the_model():
     model = hf_zoo.build("deepseek_v4").to("cuda")
     ids = torch.randint(3, 150, (2, 64), device="cuda")
     tokens, logits = _run(model, ids)
-    patch_model(model, backend="triton")
+    patch_model(model, engine="triton")
     stand_in = sys.modules[type(model.model.rotary_emb).__module__].apply_rotary_pos_emb
     original, calls = stand_in.original, []
     stand_in.original = lambda *a, **k: calls.append(1) or original(*a, **k)

@@ -113,10 +113,10 @@ def test_posenc_rotates_q_and_k_bit_for_bit_as_the_models_own_function(model_typ
     cos/sin in interleaved pairs (the privacy filter) and half-split (gpt-oss), pairs de-interleaved
     before a half-split rotation (the DeepSeek-V3 family's latent attention), and a function that takes
     one tensor at a time (Gemma 4, whose full-attention layers rotate some pairs by zero).  posenc rotates q and k
-    (the default backend) and the outputs equal, to the bit, the model rotating posenc's cos/sin
-    itself (backend=None)."""
+    (the default engine) and the outputs equal, to the bit, the model rotating posenc's cos/sin
+    itself (engine=None)."""
     model = hf_zoo.build(model_type)
-    with patched(model, backend=None):
+    with patched(model, engine=None):
         want = hf_zoo.run(model)
     with patched(model):
         assert hf_zoo.layouts(model)["rotation"] == ["posenc"]

@@ -129,32 +129,32 @@ CU = torch.tensor([0, 1, 2], dtype=torch.int32)
 CALLS = {
     # name: (limit of posenc calls, fn(q, k, cos, sin, rope) -> the call)
     "apply_rope_qk offset, promised": (8, lambda q, k, c, s, r: lambda: apply_rope_qk(
-        q, k, c, s, offset=17, seq_dim=1, backend="triton", assume_valid=True)),
+        q, k, c, s, offset=17, seq_dim=1, engine="triton", assume_valid=True)),
     "apply_rope_qk positions, promised": (8, lambda q, k, c, s, r: lambda: apply_rope_qk(
-        q, k, c, s, positions=POS, seq_dim=1, backend="triton", assume_valid=True)),
+        q, k, c, s, positions=POS, seq_dim=1, engine="triton", assume_valid=True)),
     "RotaryEmbedding offset": (10, lambda q, k, c, s, r: lambda: r(q, k, offset=17, seq_dim=1)),
     "RotaryEmbedding positions, promised": (10, lambda q, k, c, s, r: lambda: r(
         q, k, positions=POS, seq_dim=1, assume_valid=True)),
     "RotaryEmbedding.rotate offset": (10, lambda q, k, c, s, r: lambda: r.rotate(k, offset=17, seq_dim=1, key=True)),
     "apply_rope_qk packed, promised": (8, lambda q, k, c, s, r: (lambda qp, kp: lambda: apply_rope_qk(
-        qp, kp, c, s, cu_seqlens=CU, offset=17, backend="triton", assume_valid=True))(q[:, 0], k[:, 0])),
+        qp, kp, c, s, cu_seqlens=CU, offset=17, engine="triton", assume_valid=True))(q[:, 0], k[:, 0])),
 }
 CHECKED = {
     "apply_rope_qk offset": lambda q, k, c, s, r: lambda: apply_rope_qk(q, k, c, s, offset=17, seq_dim=1,
-                                                                          backend="triton"),
+                                                                          engine="triton"),
     "apply_rope_qk positions": lambda q, k, c, s, r: lambda: apply_rope_qk(
-        q, k, c, s, positions=POS, seq_dim=1, backend="triton"),
+        q, k, c, s, positions=POS, seq_dim=1, engine="triton"),
     "RotaryEmbedding positions": lambda q, k, c, s, r: lambda: r(q, k, positions=POS,
                                                                  seq_dim=1),
     "apply_rope_qk packed": lambda q, k, c, s, r: (lambda qp, kp: lambda: apply_rope_qk(
-        qp, kp, c, s, cu_seqlens=CU, offset=17, backend="triton"))(q[:, 0], k[:, 0]),
+        qp, kp, c, s, cu_seqlens=CU, offset=17, engine="triton"))(q[:, 0], k[:, 0]),
 }
 
 
 def _setup(name_call):
     q, k = _decode(b=2)
     cos, sin = tables()
-    rope = posenc.RotaryEmbedding(64, max_seq_len=64, backend="triton")
+    rope = posenc.RotaryEmbedding(64, max_seq_len=64, engine="triton")
     return name_call(q, k, cos, sin, rope)
 
 
@@ -189,7 +189,7 @@ def _cache_call(promised):
     kc, vc = torch.zeros(B, 2, S_max, 64), torch.zeros(B, 2, S_max, 64)
     cos, sin = tables()
     lens = torch.tensor([3, 9])
-    return lambda: posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, backend="triton",
+    return lambda: posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, engine="triton",
                                          assume_valid=promised)
 
 
@@ -197,7 +197,7 @@ def _norm_call(promised):
     q, k = _decode(b=2)
     w = torch.rand(64) + 0.5
     cos, sin = tables()
-    return lambda: rms_norm_rope_qk(q, k, w, w, cos, sin, offset=5, seq_dim=1, backend="triton",
+    return lambda: rms_norm_rope_qk(q, k, w, w, cos, sin, offset=5, seq_dim=1, engine="triton",
                                     assume_valid=promised)
 
 
@@ -249,7 +249,7 @@ def _big_copies(counts, *tensors):
 def test_forward_and_backward_launch_once_each_and_copy_nothing(layout, seq_dim):
     q, k, cos, sin = _training(layout, seq_dim)
     gq, gk = torch.randn_like(q), torch.randn_like(k)
-    kw = dict(offset=2, layout=layout, seq_dim=seq_dim, backend="triton")
+    kw = dict(offset=2, layout=layout, seq_dim=seq_dim, engine="triton")
     assert not Counts(lambda: torch.autograd.grad(apply_rope_qk(q, k, cos, sin, **kw), (q, k), (gq, gk)),
                       ops=False).machinery
     fwd = Counts(lambda: apply_rope_qk(q, k, cos, sin, **kw))
@@ -259,7 +259,7 @@ def test_forward_and_backward_launch_once_each_and_copy_nothing(layout, seq_dim)
     assert not _big_copies(fwd, q, k) and not _big_copies(bwd, q, k), (fwd.ops, bwd.ops)
     dq, dk = bwd.out
     assert torch.equal(gq, gq.clone()) and not (dq.data_ptr() == gq.data_ptr())      # the user's gradient is untouched
-    ref = apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, seq_dim=seq_dim, backend="torch")
+    ref = apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, seq_dim=seq_dim, engine="torch")
     for got, want in zip((qo, ko), ref, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
     rq, rk = torch.autograd.grad(ref, (q, k), (gq, gk))
@@ -270,12 +270,12 @@ def test_forward_and_backward_launch_once_each_and_copy_nothing(layout, seq_dim)
 def test_a_gradient_autograd_owns_is_rotated_in_place():
     q, k, cos, sin = _training("half", 1)
     w_q, w_k = torch.randn_like(q), torch.randn_like(k)
-    qo, ko = apply_rope_qk(q, k, cos, sin, offset=2, seq_dim=1, backend="triton")
+    qo, ko = apply_rope_qk(q, k, cos, sin, offset=2, seq_dim=1, engine="triton")
     loss = (qo * w_q).sum() + (ko * w_k).sum()
     run = Counts(lambda: torch.autograd.grad(loss, (q, k)))
     allocated = [op for op in run.ops if op[0] in ("empty_like", "empty", "empty_strided")]
     assert run.launches == 1 and not allocated, run.ops            # MulBackward's gradients, rotated where they lie
-    ref = apply_rope_qk(q, k, cos, sin, offset=2, seq_dim=1, backend="torch")
+    ref = apply_rope_qk(q, k, cos, sin, offset=2, seq_dim=1, engine="torch")
     want = torch.autograd.grad((ref[0] * w_q).sum() + (ref[1] * w_k).sum(), (q, k))
     for got, exp in zip(run.out, want, strict=True):
         torch.testing.assert_close(got, exp, rtol=0, atol=2e-6)
@@ -286,11 +286,11 @@ def test_a_gradient_shared_by_two_nodes_is_not_overwritten():
     q1, k1, cos, sin = _training("half", 1)
     q2 = torch.randn_like(q1, requires_grad=True)
     w = torch.randn_like(q1)
-    a, _ = apply_rope_qk(q1, None, cos, sin, offset=2, seq_dim=1, backend="triton")
-    b, _ = apply_rope_qk(q2, None, cos, sin, offset=5, seq_dim=1, backend="triton")
+    a, _ = apply_rope_qk(q1, None, cos, sin, offset=2, seq_dim=1, engine="triton")
+    b, _ = apply_rope_qk(q2, None, cos, sin, offset=5, seq_dim=1, engine="triton")
     g1, g2 = torch.autograd.grad(((a + b) * w).sum(), (q1, q2))
-    r1, _ = apply_rope_qk(q1, None, cos, sin, offset=2, seq_dim=1, backend="torch")
-    r2, _ = apply_rope_qk(q2, None, cos, sin, offset=5, seq_dim=1, backend="torch")
+    r1, _ = apply_rope_qk(q1, None, cos, sin, offset=2, seq_dim=1, engine="torch")
+    r2, _ = apply_rope_qk(q2, None, cos, sin, offset=5, seq_dim=1, engine="torch")
     w1, w2 = torch.autograd.grad(((r1 + r2) * w).sum(), (q1, q2))
     torch.testing.assert_close(g1, w1, rtol=0, atol=2e-6)
     torch.testing.assert_close(g2, w2, rtol=0, atol=2e-6)
@@ -298,10 +298,10 @@ def test_a_gradient_shared_by_two_nodes_is_not_overwritten():
 
 def test_a_stride_zero_gradient_is_read_as_it_is():
     q, k, cos, sin = _training("interleaved", 2)
-    qo, ko = apply_rope_qk(q, k, cos, sin, offset=1, layout="interleaved", backend="triton")
+    qo, ko = apply_rope_qk(q, k, cos, sin, offset=1, layout="interleaved", engine="triton")
     run = Counts(lambda: torch.autograd.grad(qo.sum() + ko.sum(), (q, k)))   # ones expanded: stride 0
     assert run.launches == 1 and not _big_copies(run, q, k), run.ops
-    ref = apply_rope_qk(q, k, cos, sin, offset=1, layout="interleaved", backend="torch")
+    ref = apply_rope_qk(q, k, cos, sin, offset=1, layout="interleaved", engine="torch")
     for got, exp in zip(run.out, torch.autograd.grad(ref[0].sum() + ref[1].sum(), (q, k)), strict=True):
         torch.testing.assert_close(got, exp, rtol=0, atol=2e-6)
 

@@ -262,7 +262,7 @@ def test_a_patched_model_compiles_with_fullgraph(assume_in_table):
         torch.testing.assert_close(compiled(ids), model(input_ids=ids).logits, rtol=0, atol=1e-5)
 
 
-# ---- backend=: the rotation of q and k through posenc's engine ---------------------------------------------
+# ---- engine=: the rotation of q and k through posenc's engine ---------------------------------------------
 
 @pytest.mark.parametrize("name", ["llama", "gemma3", "gpt_neox", "cohere", "glm", "phi3-longrope"])
 def test_backend_routes_the_rotation_through_posenc_and_keeps_parity(name, monkeypatch):
@@ -280,7 +280,7 @@ def test_backend_routes_the_rotation_through_posenc_and_keeps_parity(name, monke
     original = getattr(current, "original", current)
     ids = torch.randint(1, 96, (1, 40), generator=torch.Generator().manual_seed(1))
     ref_logits, ref_tokens = _greedy(model, ids, 8)
-    patch_model(model, backend="torch")
+    patch_model(model, engine="torch")
     calls = []
     fast = integration._FastEntry.rotate
     monkeypatch.setattr(integration._FastEntry, "rotate", lambda *a, **k: calls.append(1) or fast(*a, **k))
@@ -325,9 +325,9 @@ ROUTED = ["llama", "llama-dynamic", "qwen2-yarn", "gemma3", "phi3-longrope", "gp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ROUTED)
 def test_the_default_rotation_equals_the_models_own_rotation_bit_for_bit(name, dtype):
-    """patch_model's default (backend="auto", posenc's torch engine on CPU) rotates q and k with the
+    """patch_model's default (engine="auto", posenc's torch engine on CPU) rotates q and k with the
     same products and additions as the model's own function: the logits of a prefill and 8 cached
-    steps equal, to the bit, those of the model rotating posenc's cos/sin itself (backend=None).
+    steps equal, to the bit, those of the model rotating posenc's cos/sin itself (engine=None).
     The families cover half and interleaved pairs, pairs de-interleaved on the way (DeepSeek-V3's
     latent attention), a rotary part narrower than the head (GPT-NeoX, GLM), a length-dependent rule
     computed per call (dynamic NTK) and per-layer-type tables."""
@@ -338,7 +338,7 @@ def test_the_default_rotation_equals_the_models_own_rotation_bit_for_bit(name, d
     kwargs = {"attention_mask": mask, "max_new_tokens": 8, "do_sample": False, "pad_token_id": 0,
               "output_logits": True, "return_dict_in_generate": True}
     with torch.no_grad():
-        with patched(model, backend=None):
+        with patched(model, engine=None):
             want = model.generate(ids, **kwargs)
         with patched(model):
             assert next(m.posenc_rope for m in model.modules() if hasattr(m, "posenc_rope")).fast[2] == "auto"
@@ -354,7 +354,7 @@ def test_the_default_rotation_past_the_table_and_in_float64_equals_the_models_ow
     ids = torch.randint(1, 96, (1, 250), generator=torch.Generator().manual_seed(6))
     for m in (model, _build("llama").double()):
         with torch.no_grad():
-            with patched(m, backend=None):
+            with patched(m, engine=None):
                 want = _greedy(m, ids, 12)                       # steps at positions 250 .. 261
             with patched(m):
                 got = _greedy(m, ids, 12)
@@ -390,7 +390,7 @@ def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
 
     gc.collect()
     before = len(getattr(code.apply_rotary_pos_emb, "users", ()))            # (other models patched in this process)
-    patch_model(model, backend="torch")
+    patch_model(model, engine="torch")
     twin, loaded = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
     assert len(code.apply_rotary_pos_emb.users) == before + 3
     ids = torch.randint(1, 96, (1, 12))
@@ -411,7 +411,7 @@ def test_backend_survives_copies_and_the_last_unpatch_restores_the_function():
 def test_backend_where_the_rotate_function_is_not_recognised_keeps_the_models_rotation(caplog):
     model = _build("gptj")                                         # apply_rotary_pos_emb(tensor, sin, cos)
     with caplog.at_level("INFO", logger="posenc"):
-        patch_model(model, backend="torch")
+        patch_model(model, engine="torch")
     assert "the model's own attention code rotates q and k in this layout (its rotate function takes neither " \
            "(q, k, cos, sin) nor (x, cos, sin) with real cos/sin)" in caplog.text
     assert model.transformer.rotary_emb.posenc_rope.fast is None
@@ -471,14 +471,14 @@ def test_float64_and_autocast_keep_the_models_own_rounding(name):
     ids = torch.randint(1, 96, (1, 20), generator=torch.Generator().manual_seed(7))
     model64 = _build(name).double()
     with torch.no_grad():
-        with patched(model64, backend=None):
+        with patched(model64, engine=None):
             want = model64(input_ids=ids).logits
         with patched(model64):
             got = model64(input_ids=ids).logits
     assert torch.equal(got, want)
     model = _build(name)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        with patched(model, backend=None):
+        with patched(model, engine=None):
             want = model(input_ids=ids).logits
         with patched(model):
             got = model(input_ids=ids).logits
@@ -489,7 +489,7 @@ def test_a_patched_model_saved_by_an_earlier_posenc_still_runs():
     """State from before the rotation was routed (no factor table, fewer attributes) loads and runs."""
     import pickle
 
-    model = patch_model(_build("llama"), backend=None)
+    model = patch_model(_build("llama"), engine=None)
     ids = torch.randint(1, 96, (1, 12))
     with torch.no_grad():
         want = model(input_ids=ids).logits
@@ -506,13 +506,13 @@ def test_a_patched_model_saved_by_an_earlier_posenc_still_runs():
 
 
 def test_backend_triton_rotates_with_the_kernel_where_it_takes_the_rows(monkeypatch):
-    """backend="triton" (the kernel runs on CPU under TRITON_INTERPRET=1, as the test suite sets):
+    """engine="triton" (the kernel runs on CPU under TRITON_INTERPRET=1, as the test suite sets):
     one row set for the batch goes through the kernel (within 1e-5 of the model, the same tokens);
     per-row positions (a left-padded batch), which the kernel does not take, through the torch engine."""
     import os
 
     import posenc.integrations.transformers as integration
-    from posenc._torch.backend import triton_available
+    from posenc._torch.engine_choice import triton_available
 
     if os.environ.get("TRITON_INTERPRET") != "1" or not triton_available(torch.device("cpu")):
         pytest.skip("the Triton kernel runs on CPU tensors under TRITON_INTERPRET=1 only (and needs Triton)")
@@ -522,7 +522,7 @@ def test_backend_triton_rotates_with_the_kernel_where_it_takes_the_rows(monkeypa
     calls = []
     kernel = integration._KernelEntry.rotate
     monkeypatch.setattr(integration._KernelEntry, "rotate", lambda *a, **k: calls.append(1) or kernel(*a, **k))
-    with patched(model, backend="triton"):
+    with patched(model, engine="triton"):
         assert model.gpt_neox.rotary_emb.posenc_rope.fast[2] == "triton"
         calls.clear()                                                  # (the patch-time check's own calls)
         logits, tokens = _greedy(model, ids, 3)
@@ -543,23 +543,23 @@ def test_backend_triton_rotates_with_the_kernel_where_it_takes_the_rows(monkeypa
 
 
 def test_the_log_says_who_rotates_q_and_k(caplog):
-    for backend, said in (("auto", "posenc rotates q and k in this layout (the same roundings as the model's own "
+    for engine, said in (("auto", "posenc rotates q and k in this layout (the same roundings as the model's own "
                                    "apply_rotary_pos_emb)"),
-                          (None, "the model's own attention code rotates q and k in this layout (backend=None)")):
+                          (None, "the model's own attention code rotates q and k in this layout (engine=None)")):
         caplog.clear()
         with caplog.at_level("INFO", logger="posenc"):
-            patch_model(_build("llama"), backend=backend)
+            patch_model(_build("llama"), engine=engine)
         assert said in caplog.text
 
 
 def test_backend_must_be_known():
-    with pytest.raises(ValueError, match=r"backend must be None \(cos/sin only\), 'auto', 'torch' or 'triton', got 'cuda'"):
-        patch_model(_build("llama"), backend="cuda")
+    with pytest.raises(ValueError, match=r"engine must be None \(cos/sin only\), 'auto', 'torch' or 'triton', got 'cuda'"):
+        patch_model(_build("llama"), engine="cuda")
 
 
-@pytest.mark.parametrize("name, backend", [("llama", None), ("llama", "torch"), ("gemma3", None), ("gemma3", "torch"),
+@pytest.mark.parametrize("name, engine", [("llama", None), ("llama", "torch"), ("gemma3", None), ("gemma3", "torch"),
                                            ("phi3-longrope", None), ("phi3-longrope", "torch"), ("bloom", None)])
-def test_a_left_padded_batch_generates_the_same(name, backend):
+def test_a_left_padded_batch_generates_the_same(name, engine):
     model = _build(name)
     ids = torch.randint(2, 96, (2, 20), generator=torch.Generator().manual_seed(4))
     mask = torch.ones_like(ids)
@@ -569,7 +569,7 @@ def test_a_left_padded_batch_generates_the_same(name, backend):
               "output_scores": True, "return_dict_in_generate": True}
     with torch.no_grad():
         expected = model.generate(ids, **kwargs)
-        with patched(model, backend=backend):
+        with patched(model, engine=engine):
             got = model.generate(ids, **kwargs)
     assert torch.equal(got.sequences, expected.sequences)
     for a, b in zip(got.scores, expected.scores, strict=True):

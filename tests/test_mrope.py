@@ -574,8 +574,8 @@ def test_triton_engine_matches_torch_engine(batched):
     gen = torch.Generator().manual_seed(0)
     pos = torch.randint(0, 40, (2, 5, 3) if batched else (5, 3), generator=gen)
     q, k = torch.randn(2, 3, 5, 12, generator=gen), torch.randn(2, 1, 5, 12, generator=gen)   # partial rotary
-    mt = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, backend="triton")
-    mr = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, backend="torch")
+    mt = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, engine="triton")
+    mr = MultimodalRotaryEmbedding(8, [2, 1, 1], max_seq_len=32, engine="torch")
     for a, b in zip(mt(q, k, positions=pos), mr(q, k, positions=pos), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 

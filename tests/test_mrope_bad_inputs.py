@@ -125,7 +125,7 @@ for _id, _kw, _exc, _match in [
     ("base-1", {"base": 1.0}, ValueError, "base must not be 1"),
     ("base-tiny", {"base": 1e-300}, ValueError, r"exceeds 2\*\*32 turns"),
     ("layout", {"layout": "neox"}, ValueError, "layout must be one of"),
-    ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
+    ("engine", {"engine": "cuda"}, ValueError, "engine must be one of"),
     ("mrope_interleaved-int", {"mrope_interleaved": 1}, TypeError, "mrope_interleaved.* must be a bool"),
     ("scaling-length-dependent", {"scaling": DynamicNTKScaling(2.0, 16)}, ValueError,
      "scaling rules whose frequencies do not depend on the sequence length"),

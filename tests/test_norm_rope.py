@@ -135,7 +135,7 @@ def test_without_k_and_on_the_auto_backend():
     cos, sin = tables(8, 12, torch.float32)
     qo, ko = rms_norm_rope_qk(q, None, wq, None, cos, sin)
     assert ko is None
-    ref = rms_norm_rope_qk(q, k, wq, wk, cos, sin, backend="torch")
+    ref = rms_norm_rope_qk(q, k, wq, wk, cos, sin, engine="torch")
     assert torch.equal(qo, ref[0])                                      # "auto" keeps CPU tensors on torch
 
 
@@ -191,9 +191,9 @@ def test_float32_gradients_are_float32_accurate():
 def test_torch_compile_fullgraph():
     q, k, wq, wk = make(torch.float32, extent=("token", "head"))
     cos, sin = tables(8, 12, torch.float32)
-    f = torch.compile(lambda q, k: rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=1, backend="torch"),
+    f = torch.compile(lambda q, k: rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=1, engine="torch"),
                       fullgraph=True, backend="eager")
-    for a, b in zip(f(q, k), rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=1, backend="torch"), strict=True):
+    for a, b in zip(f(q, k), rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=1, engine="torch"), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -221,7 +221,7 @@ def _call(**change):
     (dict(seq_dim=0), ValueError, "q must be 4-D"),
     (dict(seq_dim=3), ValueError, "seq_dim=3 is not a sequence axis"),
     (dict(layout="neox"), ValueError, "layout must be one of"),
-    (dict(backend="cuda"), ValueError, "backend must be one of"),
+    (dict(engine="cuda"), ValueError, "engine must be one of"),
     (dict(offset=4), ValueError, "outside the cos/sin table"),
     (dict(positions=torch.tensor([0, 1, 2, 3, 8])), ValueError, r"must lie in \[0, 8\)"),
     (dict(positions=torch.arange(4)), ValueError, "positions must have shape"),
@@ -237,8 +237,8 @@ def test_bad_inputs_raise_with_the_fix(change, error, match):
 
 def test_backend_triton_raises_when_the_kernel_cannot_take_the_case():
     # float64 is not a kernel dtype; without Triton or its interpreter the message says what is missing
-    with pytest.raises(ValueError, match="backend='triton'"):
-        rms_norm_rope_qk(*make(), *tables(8, 12), backend="triton")
+    with pytest.raises(ValueError, match="engine='triton'"):
+        rms_norm_rope_qk(*make(), *tables(8, 12), engine="triton")
 
 
 # --- real transformers modules ----------------------------------------------------------------------

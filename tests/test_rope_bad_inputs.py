@@ -174,10 +174,10 @@ for _id, _call, _exc, _match in [
     ("cos-meta", lambda: F.apply_rope(rand(3, 8), *(t.to(META) for t in _cs())), ValueError, "cos is on meta but x on cpu"),
     ("x-meta", lambda: F.apply_rope(rand(3, 8, dtype=torch.float32).to(META), *_cs()), ValueError, "cos is on cpu but x on meta"),
     ("layout", lambda: F.apply_rope(rand(3, 8), *_cs(), layout="neox"), ValueError, "layout must be one of"),
-    ("backend", lambda: F.apply_rope(rand(3, 8), *_cs(), backend="cuda"), ValueError, "backend must be one of"),
+    ("engine", lambda: F.apply_rope(rand(3, 8), *_cs(), engine="cuda"), ValueError, "engine must be one of"),
     # float64: a case the kernel never takes (whether Triton runs here, e.g. TRITON_INTERPRET=1, or not)
-    ("backend-triton-float64", lambda: F.apply_rope(rand(1, 1, 3, 8, dtype=torch.float64), *_cs(), backend="triton"),
-     ValueError, "backend='triton'"),
+    ("engine-triton-float64", lambda: F.apply_rope(rand(1, 1, 3, 8, dtype=torch.float64), *_cs(), engine="triton"),
+     ValueError, "engine='triton'"),
     ("inplace-int", lambda: F.apply_rope(rand(3, 8), *_cs(), inplace=1), TypeError, "inplace must be a bool"),
     ("inplace-expanded", lambda: F.apply_rope(rand(1, 3, 8).expand(2, 3, 8), *_cs(), inplace=True), ValueError,
      "x has elements that share memory"),
@@ -303,7 +303,7 @@ for _id, _cos, _sin, _exc, _match in [
     bad("apply_rope_qk", _id, lambda c=_cos, s=_sin: F.apply_rope_qk(rand(1, 1, 3, 8), None, c, s), _exc, _match)
 for _id, _kw, _exc, _match in [
     ("layout", {"layout": "neox"}, ValueError, "layout must be one of"),
-    ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
+    ("engine", {"engine": "cuda"}, ValueError, "engine must be one of"),
     ("assume-broken-promise", {"positions": torch.tensor([0, 9, 1]), "assume_valid": True}, ValueError,
      r"positions must lie in \[0, 8\) .*assume_valid=True"),
     ("assume-broken-promise-negative", {"positions": torch.tensor([0, -1, 1]), "assume_valid": True}, ValueError,
@@ -320,10 +320,10 @@ for _id, _tables, _pos in [
     good("apply_rope_qk", _id, lambda t=_tables: (lambda q, k: (F.apply_rope_qk(q, k, *t()), q, k))(rand(1, 2, 3, 8), rand(1, 1, 3, 8)),
          lambda r, pos=_pos, i=_id: close(r[0], (ref_rope(r[1], pos), ref_rope(r[2], pos)), atol=2e-3 if "mixed" in i else 1e-5,
                                           rtol=1e-2 if "mixed" in i else 1e-6))
-bad("apply_rope_qk", "backend-triton-float64",
-    lambda: F.apply_rope_qk(rand(1, 1, 3, 8, dtype=torch.float64), None, C8, S8, backend="triton"), ValueError, "backend='triton'")
-bad("RotaryEmbedding", "backend-triton-float64",
-    lambda: RotaryEmbedding(8, backend="triton")(rand(1, 1, 3, 8, dtype=torch.float64)), ValueError, "backend='triton'")
+bad("apply_rope_qk", "engine-triton-float64",
+    lambda: F.apply_rope_qk(rand(1, 1, 3, 8, dtype=torch.float64), None, C8, S8, engine="triton"), ValueError, "engine='triton'")
+bad("RotaryEmbedding", "engine-triton-float64",
+    lambda: RotaryEmbedding(8, engine="triton")(rand(1, 1, 3, 8, dtype=torch.float64)), ValueError, "engine='triton'")
 bad("RotaryEmbedding", "assume-broken-promise", lambda: RotaryEmbedding(8, max_seq_len=8)(
     rand(1, 1, 3, 8), positions=torch.tensor([0, 9, 1]), assume_valid=True), ValueError, r"positions must lie in \[0, 8\)")
 
@@ -430,7 +430,7 @@ for _name, _call in _qk_calls():
 for _id, _kw, _exc, _match in [
     ("max_seq_len-0", {"max_seq_len": 0}, ValueError, "max_seq_len must be >= 1"),
     ("layout", {"layout": "neox"}, ValueError, "layout must be one of"),
-    ("backend", {"backend": "cuda"}, ValueError, "backend must be one of"),
+    ("engine", {"engine": "cuda"}, ValueError, "engine must be one of"),
     ("xpos-nan", {"xpos_scale_base": NAN}, ValueError, "xpos_scale_base must be finite"),
     ("xpos-0", {"xpos_scale_base": 0}, ValueError, "xpos_scale_base must be > 0"),
     ("dim-2-ntk", {"dim": 2, "scaling": NTKScaling(2.0)}, ValueError, "NTKScaling needs dim > 2"),

@@ -123,7 +123,7 @@ def test_contiguous_cache_matches_oracle(layout, seq_dim, pos_kind, dtypes):
     want = oracle_contiguous(q, k, v, k_cache, v_cache, seqlens, positions, d, layout, sd)
     kv = k.clone(), v.clone()
     q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=seqlens, positions=positions,
-                           layout=layout, seq_dim=seq_dim, backend="torch")
+                           layout=layout, seq_dim=seq_dim, engine="torch")
     assert q_out.dtype == dtype and q_out.shape == q.shape
     assert_exact(q_out, want[0])
     assert_exact(k_cache, want[1])
@@ -144,7 +144,7 @@ def test_paged_cache_matches_oracle_and_skips_negative_slots(layout, dtypes):
     cos, sin = tables(16, d)
     want = oracle_paged(q, k, v, k_cache, v_cache, slots, positions, d, layout)
     q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=slots, positions=positions, layout=layout,
-                           seq_dim=1, backend="torch")                 # (seq_dim is ignored for a paged cache)
+                           seq_dim=1, engine="torch")                 # (seq_dim is ignored for a paged cache)
     assert_exact(q_out, want[0])                                       # padding tokens' q is rotated too
     assert_exact(k_cache, want[1])
     assert torch.equal(v_cache, want[2].to(cache_dtype))
@@ -162,10 +162,10 @@ def test_inplace_rotates_q_itself_and_leaves_k_v_alone(paged):
         kw = dict(cache_seqlens=torch.tensor([1, 4]))
         shape = (2, 1, 8, 8)
     caches = [torch.zeros(shape) for _ in range(4)]
-    want = rope_and_cache(q, k, v, caches[0], caches[1], cos, sin, backend="torch", **kw)
+    want = rope_and_cache(q, k, v, caches[0], caches[1], cos, sin, engine="torch", **kw)
     kv = k.clone(), v.clone()
     q2 = q.clone()
-    out = rope_and_cache(q2, k, v, caches[2], caches[3], cos, sin, inplace=True, backend="torch", **kw)
+    out = rope_and_cache(q2, k, v, caches[2], caches[3], cos, sin, inplace=True, engine="torch", **kw)
     assert out is q2
     assert torch.equal(q2, want)
     assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
@@ -182,9 +182,9 @@ def test_q_and_written_k_equal_apply_rope_qk(seq_dim):
     seqlens = torch.tensor([2, 6])
     k_cache, v_cache = torch.zeros(B, Hk, 10, D, dtype=torch.bfloat16), torch.zeros(B, Hk, 10, D, dtype=torch.bfloat16)
     q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=seqlens, seq_dim=seq_dim,
-                           backend="torch")
+                           engine="torch")
     positions = seqlens[:, None] + torch.arange(S)
-    q_ref, k_ref = apply_rope_qk(q, k, cos, sin, positions=positions, seq_dim=seq_dim, backend="torch")
+    q_ref, k_ref = apply_rope_qk(q, k, cos, sin, positions=positions, seq_dim=seq_dim, engine="torch")
     assert torch.equal(q_out, q_ref)
     k_ref = k_ref if sd == 2 else k_ref.transpose(1, 2)               # (B, Hk, S, D), the cache's layout
     for b in range(B):
@@ -197,8 +197,8 @@ def test_paged_q_and_written_k_equal_apply_rope_qk():
     slots, positions = torch.tensor([7, 2, 9, 0, 4]), torch.tensor([20, 3, 1, 0, 31])
     k_cache, v_cache = torch.zeros(3, 4, 2, 8, dtype=torch.float16), torch.zeros(3, 4, 2, 8, dtype=torch.float16)
     q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=slots, positions=positions,
-                           layout="interleaved", backend="torch")
-    q_ref, k_ref = apply_rope_qk(q, k, cos, sin, positions=positions, layout="interleaved", seq_dim=0, backend="torch")
+                           layout="interleaved", engine="torch")
+    q_ref, k_ref = apply_rope_qk(q, k, cos, sin, positions=positions, layout="interleaved", seq_dim=0, engine="torch")
     assert torch.equal(q_out, q_ref)
     assert torch.equal(k_cache.flatten(0, 1)[slots], k_ref)
     assert torch.equal(v_cache.flatten(0, 1)[slots], v)
@@ -213,12 +213,12 @@ def test_five_decode_steps_equal_one_prefill(seq_dim):
     cos, sin = tables(16, 8)
     start = torch.tensor([0, 3])
     prefill = [torch.zeros(B, Hk, 9, D) for _ in range(2)]
-    q_all = rope_and_cache(q, k, v, *prefill, cos, sin, cache_seqlens=start, seq_dim=seq_dim, backend="torch")
+    q_all = rope_and_cache(q, k, v, *prefill, cos, sin, cache_seqlens=start, seq_dim=seq_dim, engine="torch")
     steps = [torch.zeros(B, Hk, 9, D) for _ in range(2)]
     outs = []
     for i in range(S):
         one = [t.narrow(sd, i, 1) for t in (q, k, v)]
-        outs.append(rope_and_cache(*one, *steps, cos, sin, cache_seqlens=start + i, seq_dim=seq_dim, backend="torch"))
+        outs.append(rope_and_cache(*one, *steps, cos, sin, cache_seqlens=start + i, seq_dim=seq_dim, engine="torch"))
     assert torch.equal(torch.cat(outs, sd), q_all)
     assert torch.equal(steps[0], prefill[0]) and torch.equal(steps[1], prefill[1])
 
@@ -227,7 +227,7 @@ def test_empty_step_writes_nothing():
     cos, sin = tables(8, 8)
     q, k, v = torch.zeros(2, 1, 0, 8), torch.zeros(2, 1, 0, 8), torch.zeros(2, 1, 0, 8)
     k_cache, v_cache = torch.ones(2, 1, 4, 8), torch.ones(2, 1, 4, 8)
-    out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=torch.tensor([4, 4]), backend="torch")
+    out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=torch.tensor([4, 4]), engine="torch")
     assert out.shape == q.shape and bool(k_cache.eq(1).all()) and bool(v_cache.eq(1).all())
 
 
@@ -247,7 +247,7 @@ def test_assume_valid_reads_nothing_back(paged, monkeypatch):
         kw = dict(cache_seqlens=torch.tensor([1, 4]))
         shape = (2, 1, 8, 8)
     want = [torch.zeros(shape) for _ in range(2)]
-    q_want = rope_and_cache(q, k, v, *want, cos, sin, backend="torch", **kw)
+    q_want = rope_and_cache(q, k, v, *want, cos, sin, engine="torch", **kw)
 
     def no_read(*args, **kwargs):
         raise AssertionError("read back from the device")
@@ -255,7 +255,7 @@ def test_assume_valid_reads_nothing_back(paged, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "tolist", no_read)
     monkeypatch.setattr(torch.Tensor, "item", no_read)
     got = [torch.zeros(shape) for _ in range(2)]
-    q_got = rope_and_cache(q, k, v, *got, cos, sin, backend="torch", assume_valid=True, **kw)
+    q_got = rope_and_cache(q, k, v, *got, cos, sin, engine="torch", assume_valid=True, **kw)
     monkeypatch.undo()
     assert torch.equal(q_got, q_want) and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -266,12 +266,12 @@ def test_broken_promise_skips_writes_outside_the_cache():
     k_cache, v_cache = torch.full((1, 1, 4, 8), 5.0), torch.full((1, 1, 4, 8), 5.0)
     # tokens at cache indices 2, 3, 4: the last does not fit and is skipped (positions stay in the table)
     rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=torch.tensor([2]), assume_valid=True,
-                   backend="torch")
+                   engine="torch")
     assert torch.equal(v_cache[0, 0, 2:], v[0, 0, :2]) and bool(v_cache[0, 0, :2].eq(5).all())
     k_cache, v_cache = torch.full((2, 2, 1, 8), 5.0), torch.full((2, 2, 1, 8), 5.0)
     rope_and_cache(q[0, 0, :, None], k[0, 0, :, None], v[0, 0, :, None], k_cache, v_cache, cos, sin,
                    slots=torch.tensor([9, 1, -3]), positions=torch.tensor([0, 1, 2]), assume_valid=True,
-                   backend="torch")                                      # slot 9 >= 4 and -3: not written
+                   engine="torch")                                      # slot 9 >= 4 and -3: not written
     assert torch.equal(v_cache[0, 1, 0], v[0, 0, 1])
     assert int(v_cache.ne(5).any(-1).sum()) == 1 and int(k_cache.ne(5).any(-1).sum()) == 1
 
@@ -282,7 +282,7 @@ def test_broken_position_promise_is_caught_by_the_lookup_and_names_assume_valid(
     k_cache, v_cache = torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8)
     with pytest.raises(ValueError, match=r"must lie in \[0, 16\).*assume_valid=True"):
         rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=torch.tensor([0, 1, 2]),
-                       positions=torch.tensor([0, 1, 16]), assume_valid=True, backend="torch")
+                       positions=torch.tensor([0, 1, 16]), assume_valid=True, engine="torch")
 
 
 def test_broken_promise_with_no_token_written_changes_nothing():
@@ -291,7 +291,7 @@ def test_broken_promise_with_no_token_written_changes_nothing():
     k_cache, v_cache = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8)
     before = k_cache.clone(), v_cache.clone()
     rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, slots=torch.tensor([-1, 4]), positions=torch.tensor([0, 1]),
-                   assume_valid=True, backend="torch")
+                   assume_valid=True, engine="torch")
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
 
 
@@ -398,8 +398,8 @@ def test_other_argument_errors():
     a = contiguous_args()
     with pytest.raises(ValueError, match="layout must be one of"):
         rope_and_cache(*a, cache_seqlens=SEQ, layout="neox")
-    with pytest.raises(ValueError, match="backend must be one of"):
-        rope_and_cache(*a, cache_seqlens=SEQ, backend="cuda")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        rope_and_cache(*a, cache_seqlens=SEQ, engine="cuda")
     with pytest.raises(TypeError, match="assume_valid must be a bool"):
         rope_and_cache(*a, cache_seqlens=SEQ, assume_valid=1)
     with pytest.raises(ValueError, match="same tensor"):

@@ -1,4 +1,4 @@
-"""Production paths of RoPE: one validation and one backend decision per call, no device reads when
+"""Production paths of RoPE: one validation and one engine decision per call, no device reads when
 decoding with an offset, positions never read outside a table (eager, promised, compiled, Triton),
 and the small-tensor (decode-step) path against the reference."""
 
@@ -11,12 +11,12 @@ import torch  # noqa: E402
 
 import posenc  # noqa: E402
 from posenc import kernels  # noqa: E402
-from posenc._torch import alloc, backend, plans, rope_call  # noqa: E402
+from posenc._torch import alloc, engine_choice, plans, rope_call  # noqa: E402
 from posenc.functional import rope as R  # noqa: E402
 from posenc.kernels import torch_rope as E  # noqa: E402
 from posenc.nn import rotary as rotary_module  # noqa: E402
 
-HAS_TRITON_INTERPRETER = backend._HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+HAS_TRITON_INTERPRETER = engine_choice._HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def tables(rows, dim):
@@ -24,16 +24,16 @@ def tables(rows, dim):
     return R.rope_cos_sin(torch.arange(rows), inv)
 
 
-def public_calls(backend_name):
-    """Every public entry point that rotates, with ``backend_name``, on a decode-step-like input."""
+def public_calls(engine_name):
+    """Every public entry point that rotates, with ``engine_name``, on a decode-step-like input."""
     q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)
     cos, sin = tables(32, 16)
-    rope = posenc.RotaryEmbedding(16, max_seq_len=32, backend=backend_name)
+    rope = posenc.RotaryEmbedding(16, max_seq_len=32, engine=engine_name)
     return {
-        "apply_rope": lambda: R.apply_rope(q, cos[:3], sin[:3], backend=backend_name),
-        "apply_rope_qk": lambda: R.apply_rope_qk(q, k, cos, sin, offset=2, backend=backend_name),
+        "apply_rope": lambda: R.apply_rope(q, cos[:3], sin[:3], engine=engine_name),
+        "apply_rope_qk": lambda: R.apply_rope_qk(q, k, cos, sin, offset=2, engine=engine_name),
         "apply_rope_qk positions": lambda: R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([4, 5, 6]),
-                                                           backend=backend_name),
+                                                           engine=engine_name),
         "RotaryEmbedding": lambda: rope(q, k, offset=5),
         "RotaryEmbedding positions": lambda: rope(q, k, positions=torch.tensor([[1, 2, 3]])),
         "RotaryEmbedding.rotate": lambda: rope.rotate(k, offset=7, key=True),
@@ -66,12 +66,12 @@ def kernel_spy(monkeypatch):
                 return run(*a, **k)
             return rotation
 
-    monkeypatch.setattr(backend, "auto_device", lambda x: True)
-    monkeypatch.setattr(backend, "triton_available", lambda device: True)
+    monkeypatch.setattr(engine_choice, "auto_device", lambda x: True)
+    monkeypatch.setattr(engine_choice, "triton_available", lambda device: True)
     real_engine = kernels.engine
     fake_engine = lambda op, name: FakeTriton if name == "triton" else real_engine(op, name)  # noqa: E731
     for module in (R, rotary_module):
-        monkeypatch.setattr(module, "engine", fake_engine)
+        monkeypatch.setattr(module, "kernel_engine", fake_engine)
     monkeypatch.setattr(R, "rope_engine", lambda name: FakeTriton.rope_qk if name == "triton" else real_engine(
         "rope_qk", name).rope_qk)
     plans.clear()                                     # (a plan made with the real engines would skip the spy)
@@ -80,14 +80,14 @@ def kernel_spy(monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(public_calls("torch")))
-def test_backend_torch_never_reaches_the_kernel(kernel_spy, name):
+def test_engine_torch_never_reaches_the_kernel(kernel_spy, name):
     public_calls("torch")[name]()
     assert kernel_spy == []
 
 
 @pytest.mark.parametrize("name", ["apply_rope", "apply_rope_qk", "apply_rope_qk positions", "RotaryEmbedding",
                                   "RotaryEmbedding positions", "RotaryEmbedding.rotate"])
-def test_backend_auto_takes_the_kernel_where_it_applies(kernel_spy, name):
+def test_engine_auto_takes_the_kernel_where_it_applies(kernel_spy, name):
     public_calls("auto")[name]()
     assert kernel_spy and set(kernel_spy) == {"triton"}
 
@@ -207,18 +207,18 @@ def test_the_kernel_never_reads_outside_its_table():
     engine = kernels.rope_engine("triton")
     qo, ko = engine(q, k, cos=cos, sin=sin, positions=torch.tensor([1, 8, -1]), offset=0, layout="half", seq_dim=2,
                     inplace=False)
-    ref = R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([1, 1, 1]), backend="torch")
+    ref = R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([1, 1, 1]), engine="torch")
     torch.testing.assert_close(qo[:, :, 0], ref[0][:, :, 0], rtol=0, atol=2e-6)
     assert bool(qo[:, :, 1:].isnan().all()) and bool(ko[:, :, 1:].isnan().all())       # visible, not wrong
     with pytest.raises(ValueError, match=r"must lie in \[0, 8\)"):                        # checked by default
-        R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([1, 8, 2]), backend="triton")
+        R.apply_rope_qk(q, k, cos, sin, positions=torch.tensor([1, 8, 2]), engine="triton")
 
 
 @pytest.mark.skipif(not HAS_TRITON_INTERPRETER, reason="needs Triton's interpreter (TRITON_INTERPRET=1)")
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_the_kernel_reads_the_modules_packed_tables(layout):
-    rope_t = posenc.RotaryEmbedding(16, max_seq_len=32, layout=layout, backend="triton")
-    rope_r = posenc.RotaryEmbedding(16, max_seq_len=32, layout=layout, backend="torch")
+    rope_t = posenc.RotaryEmbedding(16, max_seq_len=32, layout=layout, engine="triton")
+    rope_r = posenc.RotaryEmbedding(16, max_seq_len=32, layout=layout, engine="torch")
     q, k = torch.randn(2, 3, 5, 16), torch.randn(2, 1, 5, 16)
     positions = torch.tensor([[0, 3, 9, 31, 2], [4, 4, 4, 4, 4]])
     for kw in ({"offset": 20}, {"positions": positions}, {"positions": positions, "assume_valid": True}):
@@ -345,8 +345,8 @@ def test_first_call_under_compile_traces_without_graph_breaks():
         "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
         "import torch, posenc\n"
         "q = torch.randn(1, 2, 5, 8)\n"
-        "for backend in ('torch', 'triton'):\n"
-        "    rope = posenc.RotaryEmbedding(8, max_seq_len=8, backend=backend)\n"
+        "for engine in ('torch', 'triton'):\n"
+        "    rope = posenc.RotaryEmbedding(8, max_seq_len=8, engine=engine)\n"
         "    f = torch.compile(lambda q: rope(q, q, positions=torch.tensor([0, 1, 2, 3, 7]))[0], fullgraph=True,\n"
         "                      backend='eager')\n"
         "    assert torch.allclose(f(q), rope(q, q, positions=torch.tensor([0, 1, 2, 3, 7]))[0], atol=2e-6)\n"

@@ -38,7 +38,7 @@ def test_apply_rope_qk_matches_the_float64_oracle(layout, inverse, last, inplace
     q, k = torch.randn(2, 3, 5, D, dtype=torch.float64), torch.randn(2, 1, 5, D, dtype=torch.float64)
     q0, k0 = q.clone(), k.clone()
     qo, ko = apply_rope_qk(q, k, cos, sin, offset=7, layout=layout, inverse=inverse,
-                           rotary_slice="last" if last else "first", inplace=inplace, backend="torch")
+                           rotary_slice="last" if last else "first", inplace=inplace, engine="torch")
     torch.testing.assert_close(qo, oracle(q0, range(7, 12), layout, inverse, last), rtol=0, atol=1e-12)
     torch.testing.assert_close(ko, oracle(k0, range(7, 12), layout, inverse, last), rtol=0, atol=1e-12)
     if inplace:
@@ -60,8 +60,8 @@ def test_inverse_is_the_exact_transpose(dtype, layout, seq_dim):
     for S, kw in ((1, dict(offset=9)), (300, dict(offset=100)), (6, dict(positions=torch.tensor([5, 0, 4000, 3, 3, 1])))):
         shape = (2, S, 4, ROT) if seq_dim == 1 else (2, 4, S, ROT)
         q, k = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
-        got = apply_rope_qk(q, k, cos, sin, layout=layout, seq_dim=seq_dim, inverse=True, backend="torch", **kw)
-        want = apply_rope_qk(q, k, cos, -sin, layout=layout, seq_dim=seq_dim, backend="torch", **kw)
+        got = apply_rope_qk(q, k, cos, sin, layout=layout, seq_dim=seq_dim, inverse=True, engine="torch", **kw)
+        want = apply_rope_qk(q, k, cos, -sin, layout=layout, seq_dim=seq_dim, engine="torch", **kw)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (S, kw)
 
 

@@ -118,7 +118,7 @@ def test_rounding_is_checked_with_clear_errors():
     with pytest.raises(ValueError, match="rounding"):
         apply_rope_qk(q, None, COS, SIN, rounding="fast")
     with pytest.raises(ValueError, match="rounding='model' runs on the torch engine"):
-        apply_rope_qk(q, None, COS, SIN, rounding="model", backend="triton")
+        apply_rope_qk(q, None, COS, SIN, rounding="model", engine="triton")
 
 
 def test_model_rounding_refuses_a_fullgraph_compile_and_runs_eagerly_otherwise():

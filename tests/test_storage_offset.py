@@ -43,12 +43,12 @@ def _oracle(x, positions, layout):
 @pytest.mark.parametrize("start", OFFSETS)
 @pytest.mark.parametrize("inplace", [False, True])
 def test_rotary_embedding_and_apply_rope_qk(start, layout, engine, inplace):
-    rope = RotaryEmbedding(D, max_seq_len=16, layout=layout, backend=engine)
+    rope = RotaryEmbedding(D, max_seq_len=16, layout=layout, engine=engine)
     q, k = _view((1, 2, 5, D), start), _view((1, 1, 5, D), 3 - start)
     want_q, want_k = _oracle(q, range(3, 8), layout), _oracle(k, range(3, 8), layout)
     for fn in (lambda a, b: rope(a, b, offset=3, inplace=inplace),
                lambda a, b: apply_rope_qk(a, b, rope.cos_table, rope.sin_table, offset=3, layout=layout,
-                                          backend=engine, inplace=inplace)):
+                                          engine=engine, inplace=inplace)):
         qv, kv = q.clone(), k.clone()
         if inplace:                                   # rotate the odd-offset views themselves
             qv, kv = _view(q.shape, start), _view(k.shape, 3 - start)
@@ -68,7 +68,7 @@ def test_rotary_embedding_and_apply_rope_qk(start, layout, engine, inplace):
 def test_large_tensors_take_the_blocked_path(start, layout, dtype, inplace):
     S = BLOCK // (4 * D) + 3                                         # > BLOCK elements: the cache-blocked path
     x = _view((1, 4, S, D), start, dtype)
-    rope = RotaryEmbedding(D, max_seq_len=S, layout=layout, backend="torch")
+    rope = RotaryEmbedding(D, max_seq_len=S, layout=layout, engine="torch")
     want = _oracle(x.float(), range(S), layout).to(dtype)
     out = rope(x, inplace=inplace)[0]
     tol = 2e-6 if dtype == torch.float32 else 1e-2
@@ -81,7 +81,7 @@ def test_large_tensors_take_the_blocked_path(start, layout, dtype, inplace):
 def test_apply_rope(start, layout, engine):
     rope = RotaryEmbedding(D, max_seq_len=16, layout=layout)
     x = _view((1, 2, 5, D), start)
-    out = apply_rope(x, rope.cos_table[:5], rope.sin_table[:5], layout=layout, backend=engine)
+    out = apply_rope(x, rope.cos_table[:5], rope.sin_table[:5], layout=layout, engine=engine)
     torch.testing.assert_close(out, _oracle(x, range(5), layout), atol=2e-6, rtol=0)
 
 
@@ -94,7 +94,7 @@ def test_rope_and_cache(start, layout, engine):
     kc, vc = torch.zeros(2, 1, 6, D), torch.zeros(2, 1, 6, D)
     lens = torch.tensor([2, 4])
     qo = rope_and_cache(q, k, v, kc, vc, rope.cos_table, rope.sin_table, cache_seqlens=lens, layout=layout,
-                        backend=engine)
+                        engine=engine)
     for b, p in enumerate((2, 4)):
         torch.testing.assert_close(qo[b], _oracle(q[b : b + 1], [p], layout)[0], atol=2e-6, rtol=0)
         torch.testing.assert_close(kc[b, :, p], _oracle(k[b : b + 1], [p], layout)[0, :, 0], atol=2e-6, rtol=0)
@@ -108,7 +108,7 @@ def test_rms_norm_rope_qk(start, layout, engine):
     rope = RotaryEmbedding(D, max_seq_len=16, layout=layout)
     q, k = _view((1, 2, 3, D), start), _view((1, 1, 3, D), 3 - start)
     w = torch.rand(D) + 0.5
-    qo, ko = rms_norm_rope_qk(q, k, w, w, rope.cos_table, rope.sin_table, layout=layout, backend=engine)
+    qo, ko = rms_norm_rope_qk(q, k, w, w, rope.cos_table, rope.sin_table, layout=layout, engine=engine)
     for x, out in ((q, qo), (k, ko)):
         xd = x.double()
         normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()

@@ -46,7 +46,7 @@ def test_rope_kernel_matches_the_torch_engine(D, dtype, layout, seq_dim, hq, hk,
     q, k = qk(3, S, hq, hk, D, dtype, seq_dim, grad=True)
     cos, sin = tables(256, D)
     positions = torch.randint(0, 256, (3, S), device="cuda")
-    outs = [R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, backend=b)
+    outs = [R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, engine=b)
             for b in ("triton", "torch")]
     for got, ref in zip(*outs, strict=True):
         close(got, ref, dtype)
@@ -67,18 +67,18 @@ def test_cache_kernel_matches_the_torch_engine(D, dtype, layout, paged):
     q, k, v = (torch.randn(B, 1, h, D, device="cuda", dtype=dtype) for h in (Hq, Hk, Hk))
     lens = torch.randint(0, S_max - 1, (B,), device="cuda")
     outs = []
-    for backend in ("triton", "torch"):
+    for engine in ("triton", "torch"):
         if paged:
             kc = torch.zeros(B * S_max // 16, 16, Hk, D, device="cuda", dtype=dtype)
             vc = torch.zeros_like(kc)
             slots = torch.arange(B, device="cuda") * 16 + 5
             qo = posenc.rope_and_cache(q[:, 0], k[:, 0], v[:, 0], kc, vc, cos, sin, slots=slots, positions=lens,
-                                       layout=layout, backend=backend)
+                                       layout=layout, engine=engine)
         else:
             kc = torch.zeros(B, Hk, S_max, D, device="cuda", dtype=dtype)
             vc = torch.zeros_like(kc)
             qo = posenc.rope_and_cache(q, k, v, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1, layout=layout,
-                                       backend=backend)
+                                       engine=engine)
         outs.append((qo, kc, vc))
     for got, ref in zip(*outs, strict=True):
         close(got, ref, dtype)
@@ -95,7 +95,7 @@ def test_norm_rope_kernel_matches_the_torch_engine_forward_and_backward(D, dtype
     wq = (torch.rand(hq * D if token_wide else D, device="cuda") + 0.5).requires_grad_()
     wk = (torch.rand(hk * D if token_wide else D, device="cuda") + 0.5).requires_grad_()
     cos, sin = tables(128, D)
-    outs = [posenc.rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=7, layout=layout, seq_dim=1, backend=b)
+    outs = [posenc.rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=7, layout=layout, seq_dim=1, engine=b)
             for b in ("triton", "torch")]
     for got, ref in zip(*outs, strict=True):
         close(got, ref, dtype)
@@ -115,29 +115,29 @@ def test_every_kernel_runs_on_the_inputs_device_not_the_current_one():
     D, dtype = 128, torch.bfloat16
     q, k = qk(2, 9, 8, 2, D, dtype, 1, device=dev)
     cos, sin = tables(64, D, dev)
-    got = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, backend="triton")
-    ref = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, backend="torch")
+    got = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, engine="triton")
+    ref = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, engine="torch")
     for a, b in zip(got, ref, strict=True):
         assert a.device == dev
         close(a, b, dtype)
     cu = torch.tensor([0, 4, 18], dtype=torch.int32, device=dev)
     packed_q, packed_k = q.reshape(18, 8, D), k.reshape(18, 2, D)
-    got = R.apply_rope_qk(packed_q, packed_k, cos, sin, cu_seqlens=cu, backend="triton")
-    ref = R.apply_rope_qk(packed_q, packed_k, cos, sin, cu_seqlens=cu, backend="torch")
+    got = R.apply_rope_qk(packed_q, packed_k, cos, sin, cu_seqlens=cu, engine="triton")
+    ref = R.apply_rope_qk(packed_q, packed_k, cos, sin, cu_seqlens=cu, engine="torch")
     for a, b in zip(got, ref, strict=True):
         close(a, b, dtype)
     wq, wk = torch.rand(D, device=dev) + 0.5, torch.rand(D, device=dev) + 0.5
-    got = posenc.rms_norm_rope_qk(q, k, wq, wk, cos, sin, seq_dim=1, backend="triton")
-    ref = posenc.rms_norm_rope_qk(q, k, wq, wk, cos, sin, seq_dim=1, backend="torch")
+    got = posenc.rms_norm_rope_qk(q, k, wq, wk, cos, sin, seq_dim=1, engine="triton")
+    ref = posenc.rms_norm_rope_qk(q, k, wq, wk, cos, sin, seq_dim=1, engine="torch")
     for a, b in zip(got, ref, strict=True):
         close(a, b, dtype)
     qd, kd, vd = (torch.randn(2, 1, h, D, device=dev, dtype=dtype) for h in (8, 2, 2))
     lens = torch.tensor([3, 40], device=dev)
     outs = []
-    for backend in ("triton", "torch"):
+    for engine in ("triton", "torch"):
         kc, vc = torch.zeros(2, 2, 64, D, device=dev, dtype=dtype), torch.zeros(2, 2, 64, D, device=dev, dtype=dtype)
         outs.append((posenc.rope_and_cache(qd, kd, vd, kc, vc, cos, sin, cache_seqlens=lens, seq_dim=1,
-                                           backend=backend), kc, vc))
+                                           engine=engine), kc, vc))
     for a, b in zip(*outs, strict=True):
         close(a, b, dtype)
     torch.cuda.synchronize(dev)
@@ -152,7 +152,7 @@ def test_rope_kernel_decode_step_captures_without_sync_and_replays_in_a_cuda_gra
     positions = torch.tensor([[3], [0], [200], [17]], device="cuda")
 
     def step():
-        return R.apply_rope_qk(q, k, cos, sin, positions=positions, seq_dim=1, backend="triton", assume_valid=True)
+        return R.apply_rope_qk(q, k, cos, sin, positions=positions, seq_dim=1, engine="triton", assume_valid=True)
 
     step()                                                         # compile outside the capture
     stream = torch.cuda.Stream()
@@ -171,6 +171,6 @@ def test_rope_kernel_decode_step_captures_without_sync_and_replays_in_a_cuda_gra
     positions.copy_(torch.tensor([[4], [1], [201], [18]], device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
-    want = R.apply_rope_qk(q, k, cos, sin, positions=positions, seq_dim=1, backend="torch")
+    want = R.apply_rope_qk(q, k, cos, sin, positions=positions, seq_dim=1, engine="torch")
     close(qo, want[0], torch.bfloat16)
     close(ko, want[1], torch.bfloat16)

@@ -48,15 +48,15 @@ def close(got, ref, slack=16):
     assert bool((diff <= tol).all()), f"max excess {(diff - tol).max().item():.3g}"
 
 
-def run(backend, q, k, wq, wk, cos, sin, grads, **kw):
-    out = rms_norm_rope_qk(q, k, wq, wk, cos, sin, backend=backend, **kw)
+def run(engine, q, k, wq, wk, cos, sin, grads, **kw):
+    out = rms_norm_rope_qk(q, k, wq, wk, cos, sin, engine=engine, **kw)
     leaves = [t for t in (q, k, wq, wk) if t is not None]
     outs = [o for o in out if o is not None]
     return (*outs, *torch.autograd.grad(outs, leaves, grads[: len(outs)]))
 
 
 def both_engines(q, k, wq, wk, cos, sin, **kw):
-    outs = [o for o in rms_norm_rope_qk(q, k, wq, wk, cos, sin, backend="torch", **kw) if o is not None]
+    outs = [o for o in rms_norm_rope_qk(q, k, wq, wk, cos, sin, engine="torch", **kw) if o is not None]
     grads = [torch.randn_like(o) for o in outs]
     return run("triton", q, k, wq, wk, cos, sin, grads, **kw), run("torch", q, k, wq, wk, cos, sin, grads, **kw)
 
@@ -96,8 +96,8 @@ def test_offset_equals_1d_positions_without_k_and_weight_grads_are_deterministic
     q = torch.randn(1, 3, 4, 10, requires_grad=True)
     wq = weight(10, torch.float32)
     cos, sin = tables(16, 8)
-    a = rms_norm_rope_qk(q, None, wq, None, cos, sin, offset=5, backend="triton")
-    b = rms_norm_rope_qk(q, None, wq, None, cos, sin, positions=torch.arange(5, 9), backend="triton")
+    a = rms_norm_rope_qk(q, None, wq, None, cos, sin, offset=5, engine="triton")
+    b = rms_norm_rope_qk(q, None, wq, None, cos, sin, positions=torch.arange(5, 9), engine="triton")
     assert a[1] is None and b[1] is None and torch.equal(a[0], b[0])
     g = torch.randn_like(a[0])
     first = torch.autograd.grad(a[0], (q, wq), g)
@@ -113,9 +113,9 @@ def test_broken_in_table_promise_gives_nan_rows_never_a_read_past_the_table():
     w = torch.ones(8)
     cos, sin = tables(8, 8)
     qo, ko = rms_norm_rope_qk(q, k, w, w, cos, sin, positions=torch.tensor([0, 1, 8]), assume_valid=True,
-                              backend="triton")
+                              engine="triton")
     assert bool(qo[:, :, 2].isnan().all() and ko[:, :, 2].isnan().all())
-    ref = rms_norm_rope_qk(q[:, :, :2], k[:, :, :2], w, w, cos, sin, backend="torch")
+    ref = rms_norm_rope_qk(q[:, :, :2], k[:, :, :2], w, w, cos, sin, engine="torch")
     close(qo[:, :, :2], ref[0])
     close(ko[:, :, :2], ref[1])
 
@@ -125,12 +125,12 @@ def test_cases_the_kernel_cannot_take_raise_for_explicit_triton():
     w = torch.ones(8)
     cos, sin = tables(8, 8)
     with pytest.raises(ValueError, match="does not support this case: dtype torch.float64"):
-        rms_norm_rope_qk(q.double(), k.double(), w, w, cos, sin, backend="triton")
+        rms_norm_rope_qk(q.double(), k.double(), w, w, cos, sin, engine="triton")
     with pytest.raises(ValueError, match="gradients with respect to cos/sin"):
-        rms_norm_rope_qk(q, k, w, w, cos.requires_grad_(), sin, backend="triton")
+        rms_norm_rope_qk(q, k, w, w, cos.requires_grad_(), sin, engine="triton")
     # "auto" keeps CPU tensors on the torch engine even with the interpreter on
-    a = rms_norm_rope_qk(q, k, w, w, cos.detach(), sin, backend="auto")
-    b = rms_norm_rope_qk(q, k, w, w, cos.detach(), sin, backend="torch")
+    a = rms_norm_rope_qk(q, k, w, w, cos.detach(), sin, engine="auto")
+    b = rms_norm_rope_qk(q, k, w, w, cos.detach(), sin, engine="torch")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
@@ -142,7 +142,7 @@ def test_torch_compile_fullgraph_traces_the_custom_ops():
     cos, sin = tables(8, 8)
 
     def f(q, k, wq, wk):
-        return rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=1, backend="triton")
+        return rms_norm_rope_qk(q, k, wq, wk, cos, sin, offset=1, engine="triton")
 
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     got = compiled(q, k, wq, wk)
@@ -172,7 +172,7 @@ def test_strided_weights_and_expanded_gradients():
     q = torch.randn(2, 3, 2, 8, requires_grad=True)
     wq = torch.randn(32)[::2].requires_grad_()                      # a (16,) = (H*D,) view with stride 2
     cos, sin = tables(8, 8)
-    qo, _ = rms_norm_rope_qk(q, None, wq, None, cos, sin, seq_dim=1, backend="triton")
+    qo, _ = rms_norm_rope_qk(q, None, wq, None, cos, sin, seq_dim=1, engine="triton")
     got = (qo, *torch.autograd.grad(qo.sum(), (q, wq)))           # sum(): a gradient with stride 0
     want = run("torch", q, None, wq, None, cos, sin, [torch.ones_like(qo)], seq_dim=1)
     for g, w in zip(got, want, strict=True):

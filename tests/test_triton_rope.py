@@ -11,7 +11,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton", reason="Triton is not installed (pip install triton)")
 
 import posenc  # noqa: E402
-from posenc._torch.backend import resolve_rope_backend  # noqa: E402
+from posenc._torch.engine_choice import resolve_rope_engine  # noqa: E402
 from posenc.functional import rope as R  # noqa: E402
 from tests.reference.oracle import ulps  # noqa: E402
 
@@ -36,8 +36,8 @@ def test_forward_matches_reference_on_strided_gqa_views(layout, dtype, seq_dim):
         q, k = q.transpose(1, 2), k.transpose(1, 2)                # (B, H, S, D), still views
     cos, sin = tables(64, rot)
     positions = torch.randint(0, 64, (B, S))
-    qt, kt = R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, backend="triton")
-    qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, backend="torch")
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, engine="triton")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=positions, layout=layout, seq_dim=seq_dim, engine="torch")
     for got, ref in ((qt, qr), (kt, kr)):
         assert got.dtype == dtype and got.shape == ref.shape
         tol = ulps(dtype, ref.double()) if dtype != torch.float32 else torch.full_like(ref.double(), 2e-6)
@@ -48,9 +48,9 @@ def test_forward_matches_reference_on_strided_gqa_views(layout, dtype, seq_dim):
 def test_offset_and_1d_positions():
     q, k = torch.randn(1, 3, 9, 16), torch.randn(1, 1, 9, 16)
     cos, sin = tables(32, 16)
-    a = R.apply_rope_qk(q, k, cos, sin, offset=5, backend="triton")
-    b = R.apply_rope_qk(q, k, cos, sin, positions=torch.arange(5, 14), backend="triton")
-    c = R.apply_rope_qk(q, k, cos, sin, offset=5, backend="torch")
+    a = R.apply_rope_qk(q, k, cos, sin, offset=5, engine="triton")
+    b = R.apply_rope_qk(q, k, cos, sin, positions=torch.arange(5, 14), engine="triton")
+    c = R.apply_rope_qk(q, k, cos, sin, offset=5, engine="torch")
     for x, y, z in zip(a, b, c, strict=True):
         assert torch.equal(x, y)
         torch.testing.assert_close(x, z, rtol=0, atol=2e-6)
@@ -59,9 +59,9 @@ def test_offset_and_1d_positions():
 def test_inplace():
     q, k = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
     cos, sin = tables(16, 8)
-    ref = R.apply_rope_qk(q, k, cos, sin, backend="torch")
+    ref = R.apply_rope_qk(q, k, cos, sin, engine="torch")
     q2, k2 = q.clone(), k.clone()
-    out = R.apply_rope_qk(q2, k2, cos, sin, inplace=True, backend="triton")
+    out = R.apply_rope_qk(q2, k2, cos, sin, inplace=True, engine="triton")
     assert out[0] is q2 and out[1] is k2
     torch.testing.assert_close(q2, ref[0], rtol=0, atol=2e-6)
 
@@ -73,11 +73,11 @@ def test_backward_rotates_by_minus_theta_and_matches_reference(layout):
     k = torch.randn(2, 1, 11, 12, requires_grad=True)
     cos, sin = tables(16, 8)
     gq, gk = torch.randn(2, 3, 11, 12), torch.randn(2, 1, 11, 12)
-    qt, kt = R.apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, backend="triton")
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, engine="triton")
     torch.autograd.backward([qt, kt], [gq, gk])
     grads_t = q.grad.clone(), k.grad.clone()
     q.grad = k.grad = None
-    qr, kr = R.apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, backend="torch")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, offset=2, layout=layout, engine="torch")
     torch.autograd.backward([qr, kr], [gq, gk])
     torch.testing.assert_close(grads_t[0], q.grad, rtol=0, atol=2e-6)
     torch.testing.assert_close(grads_t[1], k.grad, rtol=0, atol=2e-6)
@@ -86,46 +86,46 @@ def test_backward_rotates_by_minus_theta_and_matches_reference(layout):
 def test_apply_rope_and_module_dispatch():
     x = torch.randn(2, 3, 10, 16)
     cos, sin = tables(10, 16)
-    torch.testing.assert_close(R.apply_rope(x, cos, sin, backend="triton"), R.apply_rope(x, cos, sin, backend="torch"),
+    torch.testing.assert_close(R.apply_rope(x, cos, sin, engine="triton"), R.apply_rope(x, cos, sin, engine="torch"),
                                rtol=0, atol=2e-6)
-    rope_t = posenc.RotaryEmbedding(16, max_seq_len=32, backend="triton")
-    rope_r = posenc.RotaryEmbedding(16, max_seq_len=32, backend="torch")
+    rope_t = posenc.RotaryEmbedding(16, max_seq_len=32, engine="triton")
+    rope_r = posenc.RotaryEmbedding(16, max_seq_len=32, engine="torch")
     for a, b in zip(rope_t(x, x, offset=3), rope_r(x, x, offset=3), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
     # "auto" keeps CPU tensors on the torch path even here
-    assert resolve_rope_backend("auto", x, None) == "torch"
+    assert resolve_rope_engine("auto", x, None) == "torch"
 
 
 def test_positions_past_the_table_are_rejected_or_computed_never_wrong():
     x = torch.randn(1, 2, 4, 8)
     cos, sin = tables(8, 8)
     with pytest.raises(ValueError, match="outside the cos/sin table"):
-        R.apply_rope_qk(x, None, cos, sin, offset=6, backend="triton")
+        R.apply_rope_qk(x, None, cos, sin, offset=6, engine="triton")
     with pytest.raises(ValueError, match=r"must lie in \[0, 8\)"):
-        R.apply_rope_qk(x, None, cos, sin, positions=torch.tensor([0, 1, 2, 8]), backend="triton")
+        R.apply_rope_qk(x, None, cos, sin, positions=torch.tensor([0, 1, 2, 8]), engine="triton")
     with pytest.raises(ValueError, match="go past the table"):
-        posenc.RotaryEmbedding(8, max_seq_len=8, backend="triton")(x, offset=6)
-    out, _ = posenc.RotaryEmbedding(8, max_seq_len=8, backend="auto")(x, offset=6)    # computed on the torch path
-    ref, _ = posenc.RotaryEmbedding(8, max_seq_len=64, backend="torch")(x, offset=6)
+        posenc.RotaryEmbedding(8, max_seq_len=8, engine="triton")(x, offset=6)
+    out, _ = posenc.RotaryEmbedding(8, max_seq_len=8, engine="auto")(x, offset=6)    # computed on the torch path
+    ref, _ = posenc.RotaryEmbedding(8, max_seq_len=64, engine="torch")(x, offset=6)
     torch.testing.assert_close(out, ref, rtol=0, atol=2e-6)
 
 
 def test_unsupported_cases_raise_for_explicit_triton():
     cos, sin = tables(8, 8)
     with pytest.raises(ValueError, match="does not support this case"):
-        R.apply_rope(torch.randn(3, 8), cos[:3], sin[:3], backend="triton")
+        R.apply_rope(torch.randn(3, 8), cos[:3], sin[:3], engine="triton")
     with pytest.raises(ValueError, match="xPos"):
-        posenc.RotaryEmbedding(8, xpos_scale_base=64.0, backend="triton")(torch.randn(1, 1, 3, 8))
-    with pytest.raises(ValueError, match="backend must be one of"):
-        R.apply_rope(torch.randn(1, 1, 3, 8), cos[:3], sin[:3], backend="cuda")
+        posenc.RotaryEmbedding(8, xpos_scale_base=64.0, engine="triton")(torch.randn(1, 1, 3, 8))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        R.apply_rope(torch.randn(1, 1, 3, 8), cos[:3], sin[:3], engine="cuda")
 
 
 def test_torch_compile_fullgraph_traces_the_custom_op():
     q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     cos, sin = tables(8, 8)
-    f = torch.compile(lambda q, k: R.apply_rope_qk(q, k, cos, sin, backend="triton"), fullgraph=True, backend="eager")
+    f = torch.compile(lambda q, k: R.apply_rope_qk(q, k, cos, sin, engine="triton"), fullgraph=True, backend="eager")
     a, b = f(q, k)
-    ref = R.apply_rope_qk(q, k, cos, sin, backend="torch")
+    ref = R.apply_rope_qk(q, k, cos, sin, engine="torch")
     torch.testing.assert_close(a, ref[0], rtol=0, atol=2e-6)
     torch.testing.assert_close(b, ref[1], rtol=0, atol=2e-6)
 
@@ -134,12 +134,12 @@ def test_inplace_on_views_of_one_fused_buffer_rotates_each_once():
     torch.manual_seed(0)
     fused = torch.randn(1, 9, 3, 2, 16)                              # (B, S, q|k|v, H, D)
     cos, sin = tables(16, 16)
-    want = R.apply_rope_qk(fused[:, :, 0].clone(), fused[:, :, 1].clone(), cos, sin, seq_dim=1, backend="torch")
+    want = R.apply_rope_qk(fused[:, :, 0].clone(), fused[:, :, 1].clone(), cos, sin, seq_dim=1, engine="torch")
     buf = fused.clone()
-    R.apply_rope_qk(buf[:, :, 0], buf[:, :, 1], cos, sin, seq_dim=1, inplace=True, backend="triton")
+    R.apply_rope_qk(buf[:, :, 0], buf[:, :, 1], cos, sin, seq_dim=1, inplace=True, engine="triton")
     torch.testing.assert_close(buf[:, :, 0], want[0], rtol=0, atol=2e-6)
     torch.testing.assert_close(buf[:, :, 1], want[1], rtol=0, atol=2e-6)
-    rope = posenc.RotaryEmbedding(16, max_seq_len=16, backend="triton")
+    rope = posenc.RotaryEmbedding(16, max_seq_len=16, engine="triton")
     buf = fused.clone()
     rope(buf[:, :, 0], buf[:, :, 1], seq_dim=1, inplace=True)
     torch.testing.assert_close(buf[:, :, 0], want[0], rtol=0, atol=2e-6)
@@ -161,8 +161,8 @@ def test_varlen_forward_matches_each_sequence_on_the_torch_engine(layout, dtype,
     q, k = fused[:, :4], fused[:, 4:6]                               # strided GQA views, rotary 8 < 12
     cos, sin = tables(32, 8)
     off = torch.tensor([1, 7, 0, 3, 20]) if offset == "per-sequence" else offset
-    qt, kt = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, layout=layout, backend="triton")
-    qr, kr = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, layout=layout, backend="torch")
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, layout=layout, engine="triton")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, layout=layout, engine="torch")
     for got, ref in ((qt, qr), (kt, kr)):
         assert got.shape == ref.shape and got.dtype == dtype
         tol = ulps(dtype, ref.double()) if dtype != torch.float32 else torch.full_like(ref.double(), 2e-6)
@@ -177,22 +177,22 @@ def test_varlen_backward_and_inplace():
     cos, sin = tables(32, 8)
     off = torch.tensor([1, 7, 0, 3, 20])
     g = torch.randn(13, 2, 8), torch.randn(13, 1, 8)
-    torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, backend="triton"), g)
+    torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, engine="triton"), g)
     grads = q.grad.clone(), k.grad.clone()
     q.grad = k.grad = None
-    torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, backend="torch"), g)
+    torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, offset=off, engine="torch"), g)
     torch.testing.assert_close(grads[0], q.grad, rtol=0, atol=2e-6)
     torch.testing.assert_close(grads[1], k.grad, rtol=0, atol=2e-6)
     q2, k2 = q.detach().clone(), k.detach().clone()
-    out = R.apply_rope_qk(q2, k2, cos, sin, cu_seqlens=CU, offset=off, inplace=True, backend="triton")
+    out = R.apply_rope_qk(q2, k2, cos, sin, cu_seqlens=CU, offset=off, inplace=True, engine="triton")
     assert out[0] is q2 and out[1] is k2
-    ref = R.apply_rope_qk(q.detach(), k.detach(), cos, sin, cu_seqlens=CU, offset=off, backend="torch")
+    ref = R.apply_rope_qk(q.detach(), k.detach(), cos, sin, cu_seqlens=CU, offset=off, engine="torch")
     torch.testing.assert_close(q2, ref[0], rtol=0, atol=2e-6)
 
 
 def test_varlen_module_on_the_kernel_and_one_sequence():
-    rope_t = posenc.RotaryEmbedding(8, max_seq_len=32, backend="triton")
-    rope_r = posenc.RotaryEmbedding(8, max_seq_len=32, backend="torch")
+    rope_t = posenc.RotaryEmbedding(8, max_seq_len=32, engine="triton")
+    rope_r = posenc.RotaryEmbedding(8, max_seq_len=32, engine="torch")
     q = torch.randn(13, 3, 8)
     for cu in (CU, torch.tensor([0, 13])):
         torch.testing.assert_close(rope_t(q, cu_seqlens=cu)[0], rope_r(q, cu_seqlens=cu)[0], rtol=0, atol=2e-6)
@@ -201,9 +201,9 @@ def test_varlen_module_on_the_kernel_and_one_sequence():
 def test_varlen_compiles_fullgraph():
     q, k = torch.randn(13, 2, 8), torch.randn(13, 1, 8)
     cos, sin = tables(32, 8)
-    f = torch.compile(lambda q, k: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, backend="triton",
+    f = torch.compile(lambda q, k: R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, engine="triton",
                                                    assume_valid=True), fullgraph=True, backend="eager")
-    ref = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, backend="torch")
+    ref = R.apply_rope_qk(q, k, cos, sin, cu_seqlens=CU, engine="torch")
     for a, b in zip(f(q, k), ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
 
@@ -215,8 +215,8 @@ def test_varlen_reads_strided_cu_seqlens_and_offsets():
     cu_view = torch.stack([CU, torch.zeros_like(CU)], 1)[:, 0]               # stride 2
     offsets = torch.tensor([[1, 0], [7, 0], [0, 0], [3, 0], [20, 0]])[:, 0]  # stride 2
     for cu, off in ((cu_view, offsets), (CU, torch.tensor(4).expand(5))):
-        got = R.apply_rope_qk(q, None, cos, sin, cu_seqlens=cu, offset=off, backend="triton")[0]
-        ref = R.apply_rope_qk(q, None, cos, sin, cu_seqlens=cu.contiguous(), offset=off.contiguous(), backend="torch")[0]
+        got = R.apply_rope_qk(q, None, cos, sin, cu_seqlens=cu, offset=off, engine="triton")[0]
+        ref = R.apply_rope_qk(q, None, cos, sin, cu_seqlens=cu.contiguous(), offset=off.contiguous(), engine="torch")[0]
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
 
 
@@ -230,6 +230,6 @@ def test_varlen_across_programs_of_several_tokens(tokens):
     qo, ko = torch.empty_like(q), torch.empty_like(k)
     off = torch.tensor([1, 7, 0, 3, 20])
     triton_rope.launch(q, k, qo, ko, cos, sin, None, off, False, 1, False, CU, tokens=tokens)
-    ref = R.apply_rope_qk(q[0], k[0], cos, sin, cu_seqlens=CU, offset=off, backend="torch")
+    ref = R.apply_rope_qk(q[0], k[0], cos, sin, cu_seqlens=CU, offset=off, engine="torch")
     torch.testing.assert_close(qo[0], ref[0], rtol=0, atol=2e-6)
     torch.testing.assert_close(ko[0], ref[1], rtol=0, atol=2e-6)

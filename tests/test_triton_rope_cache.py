@@ -37,10 +37,10 @@ def assert_close(got, ref):
 def run_both(make_args, kw):
     """rope_and_cache on fresh copies of the caches with each engine: ``[(q_out, k_cache, v_cache)] * 2``."""
     out = []
-    for backend in ("triton", "torch"):
+    for engine in ("triton", "torch"):
         q, k, v, k_cache, v_cache, cos, sin = make_args()
         kv = k.clone(), v.clone()
-        q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, backend=backend, **kw)
+        q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, engine=engine, **kw)
         assert torch.equal(k, kv[0]) and torch.equal(v, kv[1])         # k and v never modified
         out.append((q_out, k_cache, v_cache))
     return out
@@ -132,8 +132,8 @@ def test_assume_valid_gives_the_same_result(paged):
         kw = dict(cache_seqlens=torch.tensor([0, 3]))
         _, q, k, v, (kc1, vc1) = fused_contiguous(2, 2, 2, 1, 8, torch.float32, 2, 6, torch.float32)
     kc2, vc2 = kc1.clone(), vc1.clone()
-    a = rope_and_cache(q, k, v, kc1, vc1, cos, sin, backend="triton", **kw)
-    b = rope_and_cache(q, k, v, kc2, vc2, cos, sin, backend="triton", assume_valid=True, **kw)
+    a = rope_and_cache(q, k, v, kc1, vc1, cos, sin, engine="triton", **kw)
+    b = rope_and_cache(q, k, v, kc2, vc2, cos, sin, engine="triton", assume_valid=True, **kw)
     assert torch.equal(a, b) and torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
 
 
@@ -142,14 +142,14 @@ def test_broken_promise_never_writes_outside_and_gives_nan_rows():
     q, k, v = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
     k_cache, v_cache = torch.full((1, 1, 4, 8), 5.0), torch.full((1, 1, 4, 8), 5.0)
     # cache indices and positions 2, 3, 4: the last one fits neither the cache (skipped) nor the table (NaN)
-    q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=torch.tensor([2]), backend="triton",
+    q_out = rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=torch.tensor([2]), engine="triton",
                            assume_valid=True)
     assert bool(k_cache[0, 0, :2].eq(5).all()) and torch.equal(v_cache[0, 0, 2:], v[0, 0, :2])
     assert not q_out[0, 0, :2].isnan().any() and bool(q_out[0, 0, 2].isnan().all())
     k_cache = torch.full((2, 2, 1, 8), 5.0)
     v_cache = torch.full((2, 2, 1, 8), 5.0)
     rope_and_cache(q[0, 0, :, None], k[0, 0, :, None], v[0, 0, :, None], k_cache, v_cache, cos, sin,
-                   slots=torch.tensor([4, 1, 100]), positions=torch.tensor([0, 1, 2]), backend="triton",
+                   slots=torch.tensor([4, 1, 100]), positions=torch.tensor([0, 1, 2]), engine="triton",
                    assume_valid=True)
     assert int(v_cache.ne(5).any(-1).sum()) == 1 and torch.equal(v_cache[0, 1, 0], v[0, 0, 1])
 
@@ -164,9 +164,9 @@ def test_inplace_on_fused_views_rotates_q_only(paged, seq_dim):
         fused, q, k, v, caches = fused_contiguous(2, 3, 2, 1, 12, torch.bfloat16, seq_dim, 6, torch.bfloat16)
         kw = dict(cache_seqlens=torch.tensor([0, 3]), seq_dim=seq_dim)
     want_caches = [c.clone() for c in caches]
-    want = rope_and_cache(q, k, v, *want_caches, cos, sin, backend="torch", **kw)
+    want = rope_and_cache(q, k, v, *want_caches, cos, sin, engine="torch", **kw)
     kv = k.clone(), v.clone()
-    out = rope_and_cache(q, k, v, *caches, cos, sin, backend="triton", inplace=True, **kw)
+    out = rope_and_cache(q, k, v, *caches, cos, sin, engine="triton", inplace=True, **kw)
     assert out is q
     assert_close(q, want)
     assert_close(caches[0], want_caches[0])
@@ -191,9 +191,9 @@ def test_inplace_when_q_is_k_rotates_the_original_key_into_the_cache():
     caches = [torch.zeros(1, 1, 4, 8) for _ in range(4)]
     x_t, x_r = x.clone(), x.clone()
     rope_and_cache(x_t, x_t, v, caches[0], caches[1], cos, sin, cache_seqlens=torch.tensor([1]), inplace=True,
-                   backend="triton")
+                   engine="triton")
     rope_and_cache(x_r, x_r, v, caches[2], caches[3], cos, sin, cache_seqlens=torch.tensor([1]), inplace=True,
-                   backend="torch")
+                   engine="torch")
     assert_close(x_t, x_r)
     assert_close(caches[0], caches[2])
     assert_close(caches[0][:, :, 1:], x_r)                             # k rotated once, from its original values
@@ -203,8 +203,8 @@ def test_backend_choice():
     a = fused_contiguous(1, 2, 1, 1, 8, torch.float32, 2, 4, torch.float64)
     cos, sin = tables(8, 8)
     with pytest.raises(ValueError, match="does not support this case: k_cache: dtype torch.float64"):
-        rope_and_cache(*a[1:4], *a[4], cos, sin, cache_seqlens=torch.tensor([0]), backend="triton")
-    rope_and_cache(*a[1:4], *a[4], cos, sin, cache_seqlens=torch.tensor([0]), backend="auto")   # CPU: torch
+        rope_and_cache(*a[1:4], *a[4], cos, sin, cache_seqlens=torch.tensor([0]), engine="triton")
+    rope_and_cache(*a[1:4], *a[4], cos, sin, cache_seqlens=torch.tensor([0]), engine="auto")   # CPU: torch
 
 
 def test_custom_ops_pass_opcheck():
@@ -225,12 +225,12 @@ def test_torch_compile_fullgraph_traces_the_custom_op(inplace):
 
     def step(q, k, v, k_cache, v_cache):
         return rope_and_cache(q, k, v, k_cache, v_cache, cos, sin, cache_seqlens=seqlens, inplace=inplace,
-                              backend="triton")
+                              engine="triton")
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 2, 8, generator=g) for h in (2, 1, 1))
     ref_caches, caches = [torch.zeros(2, 1, 6, 8) for _ in range(2)], [torch.zeros(2, 1, 6, 8) for _ in range(2)]
-    ref = rope_and_cache(q.clone(), k, v, *ref_caches, cos, sin, cache_seqlens=seqlens, backend="torch")
+    ref = rope_and_cache(q.clone(), k, v, *ref_caches, cos, sin, cache_seqlens=seqlens, engine="torch")
     q_in = q.clone()
     out = torch.compile(step, fullgraph=True, backend="eager")(q_in, k, v, *caches)
     assert_close(out, ref)

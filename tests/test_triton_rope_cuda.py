@@ -13,7 +13,7 @@ if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("needs a CUDA device and compiled (not interpreted) Triton kernels", allow_module_level=True)
 pytest.importorskip("triton")
 
-from posenc._torch.backend import resolve_rope_backend  # noqa: E402
+from posenc._torch.engine_choice import resolve_rope_engine  # noqa: E402
 from posenc.functional import rope as R  # noqa: E402
 
 
@@ -27,8 +27,8 @@ def test_cuda_kernel_matches_reference_forward_and_backward(dtype, layout):
     inv, _ = R.rope_inv_freq(rot)
     cos, sin = (t.cuda() for t in R.rope_cos_sin(torch.arange(4096), inv))
     pos = torch.randint(0, 4096, (B, S), device="cuda")
-    qt, kt = R.apply_rope_qk(q, k, cos, sin, positions=pos, layout=layout, backend="triton")
-    qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=pos, layout=layout, backend="torch")
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, positions=pos, layout=layout, engine="triton")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, positions=pos, layout=layout, engine="torch")
     tol = {torch.float32: 2e-6, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
     torch.testing.assert_close(qt, qr, rtol=tol, atol=tol)
     torch.testing.assert_close(kt, kr, rtol=tol, atol=tol)
@@ -42,9 +42,9 @@ def test_cuda_auto_dispatch_and_compile():
     q = torch.randn(1, 4, 64, 64, device="cuda")
     inv, _ = R.rope_inv_freq(64)
     cos, sin = (t.cuda() for t in R.rope_cos_sin(torch.arange(64), inv))
-    assert resolve_rope_backend("auto", q, None) == "triton"
+    assert resolve_rope_engine("auto", q, None) == "triton"
     f = torch.compile(lambda q: R.apply_rope_qk(q, None, cos, sin)[0], fullgraph=True)
-    torch.testing.assert_close(f(q), R.apply_rope_qk(q, None, cos, sin, backend="torch")[0], rtol=0, atol=2e-6)
+    torch.testing.assert_close(f(q), R.apply_rope_qk(q, None, cos, sin, engine="torch")[0], rtol=0, atol=2e-6)
 
 
 # ---- the direct launch of the compiled kernel (posenc.kernels.triton_launch) ---------------------------------
@@ -67,17 +67,17 @@ def test_a_plan_launches_the_compiled_kernel_directly_with_the_result_of_kernel_
     assert triton_launch.direct_supported(), "this Triton launches compiled kernels another way: direct launch off"
     q, k, cos, sin, pos = _decode_step(dtype)
     plans.clear()
-    first = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    first = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)
     (plan,) = plans._plans.values()
     assert plan.run.launch.direct is not None                  # kept by the first (aligned) call
     calls = []
     real = triton_launch.Launch.fallback
     monkeypatch.setattr(triton_launch.Launch, "fallback", lambda self, args: (calls.append(1), real(self, args)))
-    direct = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    direct = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)
     assert calls == []                                          # no kernel[grid](...) on the second call
     monkeypatch.setattr(triton_launch, "DIRECT", False)
     plans.clear()
-    forced = [R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    forced = [R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)
               for _ in range(2)][1]
     assert calls == [1, 1]                                      # forced: every launch through kernel[grid](...)
     for a, b, c in zip(first, direct, forced, strict=True):
@@ -89,12 +89,12 @@ def test_an_unaligned_view_takes_kernel_grid_and_gives_the_same_values():
 
     q, k, cos, sin, pos = _decode_step(torch.float32)
     plans.clear()
-    R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
+    R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)
     buf = torch.randn(q.numel() + 1, device="cuda")
     q2 = buf[1:].view_as(q)                                     # 4 bytes past a 16-byte boundary
     q2.copy_(q)
-    got = R.apply_rope_qk(q2, k, cos, sin, positions=pos, seq_dim=1, backend="triton", assume_valid=True)
-    want = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, backend="torch")
+    got = R.apply_rope_qk(q2, k, cos, sin, positions=pos, seq_dim=1, engine="triton", assume_valid=True)
+    want = R.apply_rope_qk(q, k, cos, sin, positions=pos, seq_dim=1, engine="torch")
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-6)
 
 
@@ -105,10 +105,10 @@ def test_the_backward_rotates_owned_gradients_in_place_and_leaves_the_users_alon
     cos, sin = (t.cuda() for t in R.rope_cos_sin(torch.arange(128), inv))
     gq, gk = torch.randn_like(q), torch.randn_like(k)
     keep = gq.clone(), gk.clone()
-    qt, kt = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, backend="triton")
+    qt, kt = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, engine="triton")
     dq, dk = torch.autograd.grad((qt, kt), (q, k), (gq, gk))
     assert torch.equal(gq, keep[0]) and torch.equal(gk, keep[1])
-    qr, kr = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, backend="torch")
+    qr, kr = R.apply_rope_qk(q, k, cos, sin, seq_dim=1, engine="torch")
     rq, rk = torch.autograd.grad((qr, kr), (q, k), (gq, gk))
     torch.testing.assert_close(dq, rq, rtol=0, atol=2e-6)
     torch.testing.assert_close(dk, rk, rtol=0, atol=2e-6)
@@ -126,12 +126,12 @@ def test_cuda_inverse_and_trailing_slice_forward_and_backward(dtype, layout):
     for inverse in (False, True):
         q = torch.randn(B, S, H, D, device="cuda", dtype=dtype, requires_grad=True)
         kw = dict(positions=pos, layout=layout, seq_dim=1, inverse=inverse, rotary_slice="last")
-        out = R.apply_rope_qk(q, None, cos, sin, backend="triton", **kw)[0]
-        ref = R.apply_rope_qk(q.detach(), None, cos, sin, backend="torch", **kw)[0]
+        out = R.apply_rope_qk(q, None, cos, sin, engine="triton", **kw)[0]
+        ref = R.apply_rope_qk(q.detach(), None, cos, sin, engine="torch", **kw)[0]
         tol = 2e-6 if dtype == torch.float32 else 1e-2
         torch.testing.assert_close(out, ref, rtol=0, atol=tol)
         assert torch.equal(out[..., : D - rot], q.detach()[..., : D - rot])
         g = torch.randn_like(out)
         out.backward(g)
-        want = R.apply_rope_qk(g, None, cos, sin, backend="torch", **{**kw, "inverse": not inverse})[0]
+        want = R.apply_rope_qk(g, None, cos, sin, engine="torch", **{**kw, "inverse": not inverse})[0]
         torch.testing.assert_close(q.grad, want, rtol=0, atol=tol)

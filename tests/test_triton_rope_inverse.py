@@ -40,10 +40,10 @@ def test_forward_matches_the_torch_engine(layout, seq_dim):
     for inverse, last, inplace, at in itertools.product(
             (False, True), ("first", "last"), (False, True), (dict(offset=7), dict(positions=torch.tensor([4, 0, 31, 2, 2])))):
         kw = dict(layout=layout, seq_dim=seq_dim, inverse=inverse, rotary_slice=last, **at)
-        want = R.apply_rope_qk(q, k, cos, sin, backend="torch", **kw)
+        want = R.apply_rope_qk(q, k, cos, sin, engine="torch", **kw)
         q2, k2 = q.clone(), k.clone()
         for _ in range(2):                                            # the second call runs the first one's plan
-            got = R.apply_rope_qk(q2 if inplace else q, k2 if inplace else k, cos, sin, backend="triton",
+            got = R.apply_rope_qk(q2 if inplace else q, k2 if inplace else k, cos, sin, engine="triton",
                                   inplace=inplace, **kw)
             if inplace:
                 assert got[0] is q2 and got[1] is k2
@@ -63,9 +63,9 @@ def test_backward_is_the_opposite_rotation(layout):
         q = torch.randn(2, 3, 7, D, requires_grad=True)
         k = torch.randn(2, 1, 7, D, requires_grad=True)
         kw = dict(offset=2, layout=layout, inverse=inverse, rotary_slice=last)
-        torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, backend="triton", **kw), [gq, gk])
-        close(q.grad, R.apply_rope_qk(gq, None, cos, sin, backend="torch", **{**kw, "inverse": not inverse})[0])
-        close(k.grad, R.apply_rope_qk(gk, None, cos, sin, backend="torch", **{**kw, "inverse": not inverse})[0])
+        torch.autograd.backward(R.apply_rope_qk(q, k, cos, sin, engine="triton", **kw), [gq, gk])
+        close(q.grad, R.apply_rope_qk(gq, None, cos, sin, engine="torch", **{**kw, "inverse": not inverse})[0])
+        close(k.grad, R.apply_rope_qk(gk, None, cos, sin, engine="torch", **{**kw, "inverse": not inverse})[0])
 
 
 def test_traced_custom_op_forward_and_backward():
@@ -75,14 +75,14 @@ def test_traced_custom_op_forward_and_backward():
     g = torch.randn(1, 2, 5, D)
 
     def f(q):
-        return R.apply_rope_qk(q, None, cos, sin, offset=3, inverse=True, rotary_slice="last", backend="triton")[0]
+        return R.apply_rope_qk(q, None, cos, sin, offset=3, inverse=True, rotary_slice="last", engine="triton")[0]
 
     torch._dynamo.reset()
     out = torch.compile(f, fullgraph=True, backend="aot_eager")(q)
-    want = R.apply_rope_qk(q.detach(), None, cos, sin, offset=3, inverse=True, rotary_slice="last", backend="torch")[0]
+    want = R.apply_rope_qk(q.detach(), None, cos, sin, offset=3, inverse=True, rotary_slice="last", engine="torch")[0]
     close(out, want)
     out.backward(g)
-    close(q.grad, R.apply_rope_qk(g, None, cos, sin, offset=3, rotary_slice="last", backend="torch")[0])
+    close(q.grad, R.apply_rope_qk(g, None, cos, sin, offset=3, rotary_slice="last", engine="torch")[0])
 
 
 def test_packed_batch_and_module():
@@ -92,18 +92,18 @@ def test_packed_batch_and_module():
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     for inverse in (False, True):
         kw = dict(cu_seqlens=cu, inverse=inverse, rotary_slice="last")
-        for a, b in zip(R.apply_rope_qk(q, k, cos, sin, backend="triton", **kw),
-                        R.apply_rope_qk(q, k, cos, sin, backend="torch", **kw), strict=True):
+        for a, b in zip(R.apply_rope_qk(q, k, cos, sin, engine="triton", **kw),
+                        R.apply_rope_qk(q, k, cos, sin, engine="torch", **kw), strict=True):
             close(a, b)
     x = torch.randn(1, 2, 6, D)
-    rope_t = posenc.RotaryEmbedding(ROT, max_seq_len=32, layout="interleaved", rotary_slice="last", backend="triton")
-    rope_r = posenc.RotaryEmbedding(ROT, max_seq_len=32, layout="interleaved", rotary_slice="last", backend="torch")
+    rope_t = posenc.RotaryEmbedding(ROT, max_seq_len=32, layout="interleaved", rotary_slice="last", engine="triton")
+    rope_r = posenc.RotaryEmbedding(ROT, max_seq_len=32, layout="interleaved", rotary_slice="last", engine="torch")
     for inverse in (False, True):
         close(rope_t(x, offset=5, inverse=inverse)[0], rope_r(x, offset=5, inverse=inverse)[0])
 
 
 def test_deepseek_v4_patched_on_the_kernel(monkeypatch):
-    """patch_model(backend="triton"): DeepSeek-V4's rotations of q and KV (trailing slice) and the
+    """patch_model(engine="triton"): DeepSeek-V4's rotations of q and KV (trailing slice) and the
     inverse rotation of its output run on the kernel, none through the model's own function, and the
     patched model equals the unpatched one."""
     pytest.importorskip("transformers")
@@ -115,7 +115,7 @@ def test_deepseek_v4_patched_on_the_kernel(monkeypatch):
 
     model = hf_zoo.build("deepseek_v4")
     want = hf_zoo.run(model, steps=2)
-    patch_model(model, backend="triton")
+    patch_model(model, engine="triton")
     launches = []
     for name in ("__call__", "fallback"):
         method = getattr(triton_launch.Launch, name)

@@ -300,14 +300,14 @@ def test_a_repeated_packed_call_runs_its_plan_and_still_checks_its_values():
             sys.setprofile(None)
         return out, n[0]
 
-    first, n_first = calls(lambda: posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=2, backend="torch"))
-    again, n_again = calls(lambda: posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=2, backend="torch"))
+    first, n_first = calls(lambda: posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=2, engine="torch"))
+    again, n_again = calls(lambda: posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=2, engine="torch"))
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
     assert n_again < n_first
     with pytest.raises(ValueError, match="outside the cos/sin table|must lie in"):
-        posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=13, backend="torch")
+        posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=cu, offset=13, engine="torch")
     with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
         posenc.apply_rope_qk(q, k, cos, sin, cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32), offset=2,
-                             backend="torch")
-    want = posenc.apply_rope_qk(q[3:][None], k[3:][None], cos, sin, offset=2, seq_dim=1, backend="torch")
+                             engine="torch")
+    want = posenc.apply_rope_qk(q[3:][None], k[3:][None], cos, sin, offset=2, seq_dim=1, engine="torch")
     torch.testing.assert_close(again[0][3:], want[0][0], rtol=0, atol=0)

@@ -4,8 +4,8 @@
   ``TypeError``/``ValueError`` that name the argument and the fix;
 - :mod:`~posenc._torch.angles`: exact angles on torch tensors and the working precision;
 - :mod:`~posenc._torch.rows`: positions' range, table-row lookup and broadcasting;
-- :mod:`~posenc._torch.backend`: the one decision between the torch engine and the Triton kernel.
+- :mod:`~posenc._torch.engine_choice`: the one decision between the torch engine and the Triton kernel.
 
-A public call validates its arguments and resolves its backend here, once; the layers beneath it
+A public call validates its arguments and resolves its engine here, once; the layers beneath it
 take the checked values.
 """

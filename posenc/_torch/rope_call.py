@@ -31,13 +31,6 @@ import torch
 from posenc import _validate
 from posenc._deprecate import UNSET, renamed
 from posenc._torch import plans
-from posenc._torch.backend import (
-    ROPE_BACKENDS,
-    check_rope_backend,
-    kernel_limits,
-    kernel_possible,
-    resolve_rope_backend,
-)
 from posenc._torch.checks import (
     check_float_tensor,
     check_position_args,
@@ -45,6 +38,13 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
     inplace_pair_overlaps,
+)
+from posenc._torch.engine_choice import (
+    ROPE_ENGINES,
+    check_rope_engine,
+    kernel_limits,
+    kernel_possible,
+    resolve_rope_engine,
 )
 from posenc._torch.rows import clamp_in_table, out_of_table, position_range
 from posenc.core.rope import ROPE_LAYOUTS
@@ -96,16 +96,16 @@ def check_call(q: object, k: object, seq_dim: object, rotary_dim: int, positions
     return sd, positions, offset, seq_len
 
 
-def check_table_options(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: object, backend: object) -> None:
-    """The tables' device, the layout and the backend of a call that rotates ``q`` from ``(P, d/2)``
+def check_table_options(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: object, engine: object) -> None:
+    """The tables' device, the layout and the engine of a call that rotates ``q`` from ``(P, d/2)``
     tables (written for speed: one comparison each on the hot path)."""
     if cos.device != q.device or sin.device != q.device:
         for name, t in (("cos", cos), ("sin", sin)):
             check_same_device(name, t, "q", q.device)
     if layout not in ROPE_LAYOUTS:
         _validate.check_choice("layout", layout, ROPE_LAYOUTS)
-    if backend not in ROPE_BACKENDS:
-        check_rope_backend(backend)
+    if engine not in ROPE_ENGINES:
+        check_rope_engine(engine)
 
 
 def table_rotary_dim(cos: torch.Tensor, sin: torch.Tensor) -> int:
@@ -147,7 +147,7 @@ def table_positions_ok(positions: torch.Tensor | None, offset: int, length: int,
     return positions
 
 
-def choose_engine(backend: str, q: torch.Tensor, k: torch.Tensor | None, sd: int | None,
+def choose_engine(engine: str, q: torch.Tensor, k: torch.Tensor | None, sd: int | None,
                   why: str | None = None) -> str:
     """Step 3: ``"torch"`` or ``"triton"`` for this call.  Reads nothing from the device.
 
@@ -155,11 +155,11 @@ def choose_engine(backend: str, q: torch.Tensor, k: torch.Tensor | None, sd: int
     check the kernel's limits on ``q`` and ``k`` (sequence axis ``sd``), and ``""`` says the caller
     has checked them all and the kernel can.
     """
-    if not kernel_possible(backend, q):
+    if not kernel_possible(engine, q):
         return "torch"
     if why is None:
         why = kernel_limits(q, sd) or (None if k is None else kernel_limits(k, sd))
-    return resolve_rope_backend(backend, q, why or None)
+    return resolve_rope_engine(engine, q, why or None)
 
 
 #: Which features of a head rotate: the leading ``d`` (``"first"``, GPT-NeoX, Llama) or the trailing

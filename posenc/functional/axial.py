@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET, renamed
 from posenc._torch.angles import check_float64_available, exact_cos_sin, has_float64
 from posenc._torch.checks import (
     check_float_dtype,
@@ -150,7 +151,8 @@ def apply_axial_rope(
     axes_dims: Sequence[int] | None = None,
     layout: str = "interleaved",
     inplace: bool = False,
-    backend: str = "auto",
+    engine: str = "auto",
+    backend: str = UNSET,
 ) -> torch.Tensor:
     """Rotate the first ``2 * cos.shape[-1]`` features of ``x`` by axial cos/sin rows.
 
@@ -165,7 +167,8 @@ def apply_axial_rope(
         axes_dims: features per axis (needed for ``layout="half"``).
         layout: ``"interleaved"`` or ``"half"``.
         inplace: rotate ``x`` itself.
-        backend: ``"auto"``, ``"torch"`` or ``"triton"``, as for :func:`apply_rope`.
+        engine: ``"auto"``, ``"torch"`` or ``"triton"``, as for :func:`apply_rope`.
+        backend: the old name of ``engine`` (deprecated; it still works for now).
 
     Returns:
         The rotated tensor, shape and dtype of ``x``.
@@ -175,6 +178,9 @@ def apply_axial_rope(
         >>> apply_axial_rope(torch.tensor([[1.0, 0.0, 1.0, 0.0]]), cos, sin)
         tensor([[1.0000, 0.0000, 0.5403, 0.8415]])
     """
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("apply_axial_rope", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     _validate.check_choice("layout", layout, ROPE_LAYOUTS)
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if check_float_tensor(name, t).dim() == 0:
@@ -185,7 +191,7 @@ def apply_axial_rope(
                 f"cos has {cos.shape[-1]} pairs but axes_dims={tuple(axes_dims)} has {sum(axes_dims) // 2}; build cos "
                 f"and sin with axial_cos_sin(positions, axes_dims) for these axes_dims"
             )
-        return apply_rope(x, cos, sin, layout="interleaved", inplace=inplace, backend=backend)
+        return apply_rope(x, cos, sin, layout="interleaved", inplace=inplace, engine=engine)
     if axes_dims is None:
         raise ValueError("layout='half' pairs features inside each axis block: pass axes_dims=")
     dims = core_axial.check_axes_dims(axes_dims)
@@ -203,5 +209,5 @@ def apply_axial_rope(
     if inplace:
         check_inplace("x", x)
     perm, inverse = half_index(dims, x.shape[-1], x.device)
-    rotated = apply_rope(x.index_select(-1, perm), cos, sin, layout="half", backend=backend).index_select(-1, inverse)
+    rotated = apply_rope(x.index_select(-1, perm), cos, sin, layout="half", engine=engine).index_select(-1, inverse)
     return x.copy_(rotated) if inplace else rotated

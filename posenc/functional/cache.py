@@ -19,11 +19,8 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET, renamed
 from posenc._torch import plans
-from posenc._torch.backend import (
-    kernel_limits,
-    kernel_possible,
-)
 from posenc._torch.checks import (
     check_float_tensor,
     check_inplace,
@@ -31,6 +28,10 @@ from posenc._torch.checks import (
     check_qk,
     check_same_device,
     share_memory,
+)
+from posenc._torch.engine_choice import (
+    kernel_limits,
+    kernel_possible,
 )
 from posenc._torch.rope_call import check_table_options, choose_engine, table_rotary_dim
 from posenc._torch.rows import guard_in_table, out_of_table
@@ -56,14 +57,15 @@ def rope_and_cache(
     layout: str = "half",
     seq_dim: int = -2,
     inplace: bool = False,
-    backend: str = "auto",
+    engine: str = "auto",
+    backend: str = UNSET,
     assume_valid: bool = False,
 ) -> torch.Tensor:
     """Rotate q and k with RoPE and write the rotated k and v into a KV cache, in one call.
 
     What an inference engine does at every step, fused: q is rotated and returned; k is rotated and
     written into ``k_cache``, v copied into ``v_cache`` (both caches are updated in place; k and v
-    themselves are never modified).  With ``backend="triton"`` (the default on CUDA) it is one
+    themselves are never modified).  With ``engine="triton"`` (the default on CUDA) it is one
     kernel launch reading q, k and v once, instead of a rotation followed by a cache write.
 
     The rotation is :func:`posenc.functional.apply_rope_qk`'s (Su et al. 2021, "RoFormer"): each
@@ -110,9 +112,10 @@ def rope_and_cache(
         seq_dim: the sequence axis of q, k and v for a contiguous cache (-2 or 1); ignored for a
             paged cache.
         inplace: rotate q itself and return it (k and v are still left untouched).
-        backend: ``"auto"`` (the Triton kernel for CUDA tensors, else the torch engine),
+        engine: ``"auto"`` (the Triton kernel for CUDA tensors, else the torch engine),
             ``"torch"`` (a rotation then indexed writes, any device) or ``"triton"`` (the one-launch
             kernel; float16, bfloat16 and float32 tensors; raises if it cannot run).
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         assume_valid: promise that the positions lie in ``[0, P)`` and every write fits the cache,
             so that nothing is read back from the device (a decode step captured in a CUDA graph
             needs this).  Without it, one read per call checks them and raises a ``ValueError``
@@ -138,7 +141,7 @@ def rope_and_cache(
             the cache kind; caches that share memory; positions outside the tables; writes past the end of the cache
             (``cache_seqlens[b] + S > S_max``, a slot ``>= num_blocks * block_size``); an input
             that requires grad while autograd records (use
-            :func:`posenc.functional.apply_rope_qk` for training); ``backend="triton"`` where the
+            :func:`posenc.functional.apply_rope_qk` for training); ``engine="triton"`` where the
             kernel cannot run.
 
     Examples:
@@ -167,6 +170,9 @@ def rope_and_cache(
         arXiv:2104.09864.  Kwon et al. 2023, "Efficient Memory Management for Large Language Model
         Serving with PagedAttention" (the paged cache).
     """
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("rope_and_cache", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     key = None
     T = torch.Tensor
     if (type(q) is T and type(k) is T and type(v) is T and type(k_cache) is T and type(v_cache) is T
@@ -190,7 +196,7 @@ def rope_and_cache(
                    slots is None, None if index is None else (index.shape, index.stride(), index.dtype, index.device),
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   layout, seq_dim, inplace, backend, assume_valid)
+                   layout, seq_dim, inplace, engine, assume_valid)
         except RuntimeError:                                            # (sparse tensors have no strides)
             key = None
         plan = plans.get(key)
@@ -211,11 +217,11 @@ def rope_and_cache(
     else:
         sd, index, positions = _check_contiguous(q, k, v, k_cache, v_cache, cache_seqlens, positions, seq_dim, rotary)
         tokens = q.shape[sd]
-    check_table_options(q, cos, sin, layout, backend)
+    check_table_options(q, cos, sin, layout, engine)
     cap = k_cache.shape[0] * k_cache.shape[1] if paged else k_cache.shape[2]
     all_valid = _check_ranges(index, positions, paged, tokens, cap, cos.shape[0], assume_valid)
-    why = (_kernel_why(q, k, v, k_cache, v_cache, sd, paged) or "") if kernel_possible(backend, q) else ""
-    name = choose_engine(backend, q, k, sd, why)
+    why = (_kernel_why(q, k, v, k_cache, v_cache, sd, paged) or "") if kernel_possible(engine, q) else ""
+    name = choose_engine(engine, q, k, sd, why)
     mod = _engine("rope_and_cache", name)
     if inplace and not torch.compiler.is_compiling():
         check_inplace("q", q)

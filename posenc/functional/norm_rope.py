@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET
+from posenc._deprecate import UNSET, renamed
 from posenc._torch import plans
 from posenc._torch.checks import check_float_tensor, check_position_args, check_qk, check_same_device
 from posenc._torch.rope_call import (
@@ -46,7 +46,8 @@ def rms_norm_rope_qk(
     offset: int = 0,
     layout: str = "half",
     seq_dim: int = -2,
-    backend: str = "auto",
+    engine: str = "auto",
+    backend: str = UNSET,
     assume_valid: bool = False,
     assume_in_table: bool = UNSET,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -86,9 +87,10 @@ def rms_norm_rope_qk(
         offset: first position when ``positions`` is None (step-by-step decoding).
         layout: ``"half"`` (pairs ``i, i + d/2``) or ``"interleaved"`` (pairs ``2i, 2i + 1``).
         seq_dim: the sequence axis of q and k: ``-2``/``2`` or ``1``.
-        backend: ``"auto"`` (the fused Triton kernel for supported CUDA tensors, else torch),
+        engine: ``"auto"`` (the fused Triton kernel for supported CUDA tensors, else torch),
             ``"torch"`` or ``"triton"`` (one launch for q and k forward and one backward; raises if
             it cannot take the case).
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         assume_valid: promise that every entry of ``positions`` lies in ``[0, P)``, so that their
             range is not read back from the device (no synchronisation, as a CUDA graph needs).
             (Formerly ``assume_in_table``, which still works for now with a ``DeprecationWarning``.)
@@ -107,8 +109,8 @@ def rms_norm_rope_qk(
             non-number ``eps``.
         ValueError: q and k not 4-D with the sequence on axis 1 or 2, a weight of another shape
             than ``(D,)`` or ``(H*D,)`` or on another device, ``k_weight`` without ``k`` (or the
-            reverse), ``eps <= 0``, positions outside the tables, an unknown layout or backend,
-            ``backend="triton"`` for a case the kernel cannot take.
+            reverse), ``eps <= 0``, positions outside the tables, an unknown layout or engine,
+            ``engine="triton"`` for a case the kernel cannot take.
 
     Examples:
         >>> from posenc.functional import rope_cos_sin
@@ -126,6 +128,9 @@ def rms_norm_rope_qk(
         Zhang and Sennrich 2019, "Root Mean Square Layer Normalization" (arXiv:1910.07467); Su et
         al. 2021, "RoFormer" (arXiv:2104.09864); Qwen3, Gemma 3 and OLMo 2 technical reports.
     """
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("rms_norm_rope_qk", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     key = None
     T = torch.Tensor
     if (assume_in_table is UNSET and type(q) is T and (k is None or type(k) is T) and type(q_weight) is T
@@ -144,7 +149,7 @@ def rms_norm_rope_qk(
                    sin.shape, sin.stride(), sin.dtype, sin.device, sin.requires_grad,
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   eps, weight_offset, layout, seq_dim, backend, assume_valid, torch.is_grad_enabled())
+                   eps, weight_offset, layout, seq_dim, engine, assume_valid, torch.is_grad_enabled())
         except RuntimeError:                                            # (sparse tensors have no strides)
             key = None
         plan = plans.find(key, q, k, positions, offset, False)
@@ -158,7 +163,7 @@ def rms_norm_rope_qk(
             f"q must be 4-D, (B, H, S, D) with seq_dim=-2 or (B, S, H, D) with seq_dim=1, to know its heads; got "
             f"shape {tuple(q.shape)} with seq_dim={seq_dim}"
         )
-    check_table_options(q, cos, sin, layout, backend)
+    check_table_options(q, cos, sin, layout, engine)
     if type(assume_valid) is not bool:
         _validate.check_bool("assume_valid", assume_valid)
     eps = _validate.check_float("eps", eps, positive=True)
@@ -179,7 +184,7 @@ def rms_norm_rope_qk(
     why = None
     if cos.requires_grad or sin.requires_grad:
         why = "gradients with respect to cos/sin are computed by the torch engine"
-    name = choose_engine(backend, q, k, sd, why)
+    name = choose_engine(engine, q, k, sd, why)
     mod = _engine("rms_norm_rope_qk", name)
     if torch.compiler.is_compiling():
         return mod.rms_norm_rope_qk(q, k, q_weight, k_weight, cos=cos, sin=sin, positions=positions, offset=offset,

@@ -25,14 +25,9 @@ import math
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET
+from posenc._deprecate import UNSET, renamed
 from posenc._torch import plans
 from posenc._torch.angles import check_float64_available, exact_cos_sin
-from posenc._torch.backend import (
-    check_rope_backend,
-    kernel_limits,
-    kernel_possible,
-)
 from posenc._torch.checks import (
     check_float_dtype,
     check_float_tensor,
@@ -42,6 +37,11 @@ from posenc._torch.checks import (
     check_qk,
     check_same_device,
     inplace_pair_overlaps,
+)
+from posenc._torch.engine_choice import (
+    check_rope_engine,
+    kernel_limits,
+    kernel_possible,
 )
 from posenc._torch.rope_call import (
     check_call,
@@ -62,7 +62,8 @@ from posenc.core import exact as core_exact
 from posenc.core import rope as core_rope
 from posenc.core.notices import LOGGER_NAME
 from posenc.core.rope import ROPE_LAYOUTS
-from posenc.kernels import engine, rope_engine, torch_mix, torch_rope
+from posenc.kernels import engine as kernel_engine
+from posenc.kernels import rope_engine, torch_mix, torch_rope
 
 __all__ = [
     "apply_rope",
@@ -295,7 +296,8 @@ def apply_rope(
     *,
     layout: str = "half",
     inplace: bool = False,
-    backend: str = "auto",
+    engine: str = "auto",
+    backend: str = UNSET,
 ) -> torch.Tensor:
     """Rotate the first ``2 * cos.shape[-1]`` features of ``x``; the rest pass through unchanged.
 
@@ -306,9 +308,10 @@ def apply_rope(
             positions; from :func:`rope_cos_sin`.
         layout: ``"half"`` (pairs ``i, i + d/2``) or ``"interleaved"`` (pairs ``2i, 2i + 1``).
         inplace: rotate ``x`` itself and return it (no output allocation; the fast path).
-        backend: ``"auto"`` (Triton for supported CUDA tensors, else torch), ``"torch"`` or
+        engine: ``"auto"`` (Triton for supported CUDA tensors, else torch), ``"torch"`` or
             ``"triton"`` (raises if the kernel cannot take the case).  The kernel takes 4-D ``x``
             with one ``(S, d/2)`` row set broadcast along axis 2 (or ``(S, 1, d/2)`` along axis 1).
+        backend: the old name of ``engine`` (deprecated; it still works for now).
 
     Returns:
         The rotated tensor, same shape and dtype as ``x``.
@@ -323,19 +326,22 @@ def apply_rope(
         >>> apply_rope(x, cos, sin)
         tensor([[0.5403, 0.8415]])
     """
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("apply_rope", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     h = _check_rope_args(x, cos, sin, layout)
-    backend = check_rope_backend(backend)
+    engine = check_rope_engine(engine)
     _validate.check_bool("inplace", inplace)
     if inplace and not torch.compiler.is_compiling():
         check_inplace("x", x)
     seq_dim: int | None = None
     why: str | None = ""
-    if kernel_possible(backend, x):                   # the kernel's own conditions, computed only when it may run
+    if kernel_possible(engine, x):                   # the kernel's own conditions, computed only when it may run
         seq_dim = _shared_rows_axis(x, cos, h)
         why = kernel_limits(x, seq_dim) if seq_dim is not None else "cos/sin must be one (S, d/2) row set shared by the batch"
         if why is None and (cos.requires_grad or sin.requires_grad):
             why = "gradients with respect to cos/sin are computed by the torch engine"
-    if choose_engine(backend, x, None, seq_dim, why or "") == "triton":
+    if choose_engine(engine, x, None, seq_dim, why or "") == "triton":
         return rope_engine("triton")(x, None, cos=cos.reshape(-1, h), sin=sin.reshape(-1, h), positions=None, offset=0,
                                      layout=layout, seq_dim=seq_dim, inplace=inplace)[0]
     return torch_rope.rotate(x, cos, sin, layout=layout, inplace=inplace)
@@ -352,7 +358,8 @@ def apply_rope_qk(
     layout: str = "half",
     seq_dim: int = -2,
     inplace: bool = False,
-    backend: str = "auto",
+    engine: str = "auto",
+    backend: str = UNSET,
     assume_valid: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     inverse: bool = False,
@@ -377,8 +384,9 @@ def apply_rope_qk(
         layout: ``"half"`` or ``"interleaved"``.
         seq_dim: the sequence axis of q and k (not used with ``cu_seqlens``).
         inplace: rotate q and k in place.
-        backend: ``"auto"``, ``"torch"`` or ``"triton"`` (the fused kernel: one launch for q and k,
+        engine: ``"auto"``, ``"torch"`` or ``"triton"`` (the fused kernel: one launch for q and k,
             reading the tables directly).
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         assume_valid: promise that every entry of ``positions`` lies in ``[0, P)``, so that
             their range is not read back from the device (no synchronisation: what a decode step
             captured in a CUDA graph needs).  The lookup stays bounds-checked (an error on CPU, a
@@ -405,14 +413,14 @@ def apply_rope_qk(
             ``q * cos + rotate_half(q) * sin`` in q's dtype, rounds (the rows rounded to q's dtype,
             each product and the sum rounded to it), so that a bfloat16 or float16 model's rotation
             is reproduced bit for bit where its cos/sin are the same.  ``"model"`` runs on the torch
-            engine in eager mode; with ``backend="triton"`` or under ``torch.compile`` (whose fused
+            engine in eager mode; with ``engine="triton"`` or under ``torch.compile`` (whose fused
             kernels round as they choose) it raises.
 
     Raises:
         TypeError: non-tensor or non-floating q/k/cos/sin, non-integer positions.
         ValueError: shapes that do not match, positions outside the tables, an unknown layout,
-            backend or rounding, ``backend="triton"`` for a case the kernel cannot take,
-            ``rounding="model"`` with ``backend="triton"`` or while compiling.
+            engine or rounding, ``engine="triton"`` for a case the kernel cannot take,
+            ``rounding="model"`` with ``engine="triton"`` or while compiling.
 
     Returns:
         ``(q_rotated, k_rotated)`` (``k_rotated`` is None when ``k`` is None).
@@ -428,10 +436,13 @@ def apply_rope_qk(
         >>> torch.equal(packed[3:], alone[0])
         True
     """
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("apply_rope_qk", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     if rounding != "exact":
-        _check_model_rounding(rounding, backend)
+        _check_model_rounding(rounding, engine)
     if rotary_slice != "first":
-        return _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, backend, assume_valid,
+        return _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, engine, assume_valid,
                                 cu_seqlens, inverse, rotary_slice, assume_in_table, rounding)
     key = None
     if (cu_seqlens is None and assume_in_table is UNSET and type(q) is torch.Tensor and type(cos) is torch.Tensor
@@ -449,7 +460,7 @@ def apply_rope_qk(
                    cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
                    None if positions is None else (positions.shape, positions.stride(), positions.dtype,
                                                    positions.device),
-                   layout, seq_dim, inplace, backend, assume_valid, inverse, grad, rounding)
+                   layout, seq_dim, inplace, engine, assume_valid, inverse, grad, rounding)
         except RuntimeError:                                            # (sparse tensors have no strides)
             key = None
         plan = plans.find(key, q, k, positions, offset, inplace)
@@ -458,7 +469,7 @@ def apply_rope_qk(
     elif cu_seqlens is not None and assume_in_table is UNSET and positions is None:
         # step 0 for a packed batch: a call like one validated before runs its plan after the range of its
         # positions (and the validity of cu_seqlens) is read, or without a read when promised
-        key = _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume_valid, inverse,
+        key = _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, engine, assume_valid, inverse,
                           rounding)
         plan = plans.get(key)
         if plan is not None and (not inplace or k is None or not torch._C._overlaps(q, k)):
@@ -470,14 +481,14 @@ def apply_rope_qk(
     if type(inverse) is not bool:
         _validate.check_bool("inverse", inverse)
     if cu_seqlens is not None:
-        return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume_valid,
+        return _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, engine, assume_valid,
                                   cu_seqlens, inverse, key, rounding)
     sd, positions, offset, _ = check_call(q, k, seq_dim, table_rotary_dim(cos, sin), positions, offset, inplace,
                                           assume_valid)
-    check_table_options(q, cos, sin, layout, backend)
+    check_table_options(q, cos, sin, layout, engine)
     positions = table_positions_ok(positions, offset, q.shape[sd], cos.shape[0], assume_valid)
     read_range = positions is not None and not assume_valid and q.shape[sd] > 0
-    mod = torch_mix if rounding == "model" else engine("rope_qk", choose_engine(backend, q, k, sd))
+    mod = torch_mix if rounding == "model" else kernel_engine("rope_qk", choose_engine(engine, q, k, sd))
     return rotate(key, mod, q, k, cos, sin, None, positions, offset, layout, sd, inplace, read_range, inverse)
 
 
@@ -485,18 +496,18 @@ def apply_rope_qk(
 ROUNDINGS = ("exact", "model")
 
 
-def _check_model_rounding(rounding: object, backend: object) -> None:
+def _check_model_rounding(rounding: object, engine: object) -> None:
     """``rounding`` is known, and ``"model"`` is asked where it can run (the torch engine, eager)."""
     _validate.check_choice("rounding", rounding, ROUNDINGS)
-    if backend == "triton":
+    if engine == "triton":
         raise ValueError("rounding='model' runs on the torch engine (the Triton kernel computes in float32 and "
-                         "rounds once); pass backend='torch' or 'auto', or rounding='exact'")
+                         "rounds once); pass engine='torch' or 'auto', or rounding='exact'")
     if torch.compiler.is_compiling():
         raise ValueError("rounding='model' reproduces eager per-operation rounding, which torch.compile's fused "
                          "kernels do not keep; use rounding='exact' in compiled code")
 
 
-def _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, backend, assume_valid, cu_seqlens,
+def _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace, engine, assume_valid, cu_seqlens,
                      inverse, rotary_slice, assume_in_table, rounding="exact"):
     """:func:`apply_rope_qk` with ``rotary_slice="last"``: the trailing features' views rotated in place
     by the ``"first"`` call (which validates everything else and keeps its plan)."""
@@ -506,12 +517,12 @@ def _apply_rope_last(q, k, cos, sin, positions, offset, layout, seq_dim, inplace
     _validate.check_bool("inplace", inplace)
     qv, kv, qo, ko = trailing(q, k, d, inplace)
     apply_rope_qk(qv, kv, cos, sin, positions=positions, offset=offset, layout=layout, seq_dim=seq_dim, inplace=True,
-                  backend=backend, assume_valid=assume_valid, cu_seqlens=cu_seqlens, inverse=inverse,
+                  engine=engine, assume_valid=assume_valid, cu_seqlens=cu_seqlens, inverse=inverse,
                   rounding=rounding, assume_in_table=assume_in_table)
     return qo, ko
 
 
-def _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, assume, inverse,
+def _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, engine, assume, inverse,
                 rounding="exact") -> tuple | None:
     """The plan key of a packed call (:mod:`posenc._torch.plans`), None for a call no plan serves:
     arguments of other types than a plan's, strided ``cu_seqlens`` or offsets, tracing."""
@@ -531,17 +542,17 @@ def _varlen_key(q, k, cos, sin, cu_seqlens, offset, layout, inplace, backend, as
                 cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
                 cu_seqlens.shape, cu_seqlens.dtype, cu_seqlens.device,
                 None if not isinstance(offset, torch.Tensor) else (offset.shape, offset.dtype, offset.device),
-                layout, inplace, backend, assume, inverse, grad, rounding)
+                layout, inplace, engine, assume, inverse, grad, rounding)
     except RuntimeError:                                                # (sparse tensors have no strides)
         return None
 
 
-def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backend, assume, cu_seqlens, inverse,
+def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, engine, assume, cu_seqlens, inverse,
                        key=None, rounding="exact"):
     """:func:`apply_rope_qk` for a packed ``(T, H, D)`` batch described by ``cu_seqlens``; the call's
     engine prepared once is kept as the plan of ``key``."""
     cu_seqlens, offset = check_varlen_call(q, k, table_rotary_dim(cos, sin), positions, cu_seqlens, offset)
-    check_table_options(q, cos, sin, layout, backend)
+    check_table_options(q, cos, sin, layout, engine)
     check_flags(inplace, assume)
     if torch.compiler.is_compiling():                                   # a traceable assertion, no reads
         guard_in_table("positions", varlen_positions(cu_seqlens, q.shape[0], offset), cos.shape[0])
@@ -553,9 +564,9 @@ def _apply_rope_varlen(q, k, cos, sin, positions, offset, layout, inplace, backe
             raise out_of_table("positions", lo, hi, cos.shape[0],
                                "build a longer table or use posenc.nn.RotaryEmbedding, which computes them")
     why = None
-    if kernel_possible(backend, q):
+    if kernel_possible(engine, q):
         why = kernel_limits(q[None], 1) or (None if k is None else kernel_limits(k[None], 1))
-    mod = torch_mix if rounding == "model" else engine("rope_qk", choose_engine(backend, q, k, None, why or ""))
+    mod = torch_mix if rounding == "model" else kernel_engine("rope_qk", choose_engine(engine, q, k, None, why or ""))
     if (key is None or torch.compiler.is_compiling() or (inplace and inplace_pair_overlaps(q, k))
             or (inplace and torch.is_grad_enabled() and (q.requires_grad or k is not None and k.requires_grad))):
         return feed(mod.rope_qk, q, k, inplace, cos=cos, sin=sin, positions=None, offset=offset, layout=layout,

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
-from posenc._torch.backend import triton_available
+from posenc._torch.engine_choice import triton_available
 from posenc.kernels import torch_rope
 
 __all__ = ["ENGINES", "OPS", "engine", "rope_engine", "triton_available"]

@@ -11,10 +11,9 @@ import torch
 from torch import nn
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET, renamed, renamed_attribute
 from posenc._torch import exact32
 from posenc._torch.angles import _no_autocast, angle_dtype, exact_cos_sin, has_float64, host_sin_cos, working_dtype
-from posenc._torch.backend import check_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
     check_qk,
@@ -22,6 +21,7 @@ from posenc._torch.checks import (
     from_table,
     inplace_pair_overlaps,
 )
+from posenc._torch.engine_choice import check_rope_engine
 from posenc._torch.rope_call import check_flags, check_head_dim, choose_engine, promise
 from posenc._torch.rows import check_given_rows, clamp_in_table
 from posenc._torch.tables import TableModule
@@ -83,8 +83,9 @@ class AxialRotaryEmbedding(TableModule):
         max_seq_len: coordinates ``0 .. max_seq_len - 1`` of every axis precomputed (fixed mode;
             default 1024).  It counts coordinates per axis, not tokens: a 64 x 64 grid needs 64.
         max_positions: old name of ``max_seq_len`` (deprecated).
-        backend: ``"auto"``, ``"torch"`` or ``"triton"``, decided once per call as for
+        engine: ``"auto"``, ``"torch"`` or ``"triton"``, decided once per call as for
             :class:`~posenc.RotaryEmbedding`.
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         device: device of the tables and the parameter.
 
     Shape:
@@ -126,10 +127,14 @@ class AxialRotaryEmbedding(TableModule):
         learned: bool = False,
         num_heads: int | None = None,
         max_seq_len: int | None = None,
-        backend: str = "auto",
+        engine: str = "auto",
+        backend: str = UNSET,
         device: torch.device | str | None = None,
         max_positions: Any = UNSET,
     ) -> None:
+        if backend is not UNSET:                 # the old name of engine=
+            engine = renamed("AxialRotaryEmbedding", "backend", "engine", backend, engine, "auto",
+                             tracing=torch.compiler.is_compiling())
         super().__init__()
         max_seq_len = renamed("AxialRotaryEmbedding", "max_positions", "max_seq_len", max_positions, max_seq_len, None)
         self.axes_dims = core_axial.check_axes_dims(axes_dims)
@@ -152,7 +157,7 @@ class AxialRotaryEmbedding(TableModule):
             )
         self.max_seq_len = 1024 if max_seq_len is None else _validate.check_int(
             "max_seq_len", max_seq_len, minimum=1)
-        self.backend = check_rope_backend(backend)
+        self.engine = check_rope_engine(engine)
         h = self.dim // 2
         if learned:
             if num_heads is None:
@@ -220,6 +225,9 @@ class AxialRotaryEmbedding(TableModule):
             if self.freqs.device.type != "meta":
                 # (rounded on the host: a device without float64 takes no float64 tensor)
                 self.freqs.copy_(torch.from_numpy(init if self.freqs.dtype == torch.float64 else init.astype(np.float32)))
+
+    #: Old name of :attr:`engine` (deprecated).
+    backend = renamed_attribute("backend", "engine")
 
     @property
     def max_positions(self) -> int:
@@ -411,7 +419,7 @@ class AxialRotaryEmbedding(TableModule):
             return q.copy_(qr), (None if k is None or kr is None else k.copy_(kr))
         why = "learned (RoPE-Mixed) frequencies give every head its own rows, which the torch engine applies" if (
             self.learned) else None
-        engine = rope_engine(choose_engine(self.backend, q, k, sd, why))
+        engine = rope_engine(choose_engine(self.engine, q, k, sd, why))
         kind, *tables = rows
         # (learned frequencies mix every axis: no per-axis blocks, "half" pairs (j, j + dim/2) over the whole)
         half = self.layout == "half" and self.n_axes > 1 and not self.learned

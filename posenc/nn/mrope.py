@@ -8,9 +8,8 @@ import numpy as np
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET
+from posenc._deprecate import UNSET, renamed, renamed_attribute
 from posenc._torch.angles import angle_dtype, exact_cos_sin, has_float64, host_sin_cos, working_dtype
-from posenc._torch.backend import check_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
     check_offset,
@@ -19,6 +18,7 @@ from posenc._torch.checks import (
     check_same_device,
     from_table,
 )
+from posenc._torch.engine_choice import check_rope_engine
 from posenc._torch.rope_call import check_flags, check_head_dim, choose_engine, feed, promise
 from posenc._torch.rows import check_given_rows, clamp_in_table
 from posenc._torch.tables import TableModule
@@ -66,7 +66,8 @@ class MultimodalRotaryEmbedding(TableModule):
         layout: feature pairs ``"half"`` (``i, i + dim/2``; Hugging Face) or ``"interleaved"`` (``2i, 2i+1``).
         scaling: a context-extension rule whose frequencies do not depend on the sequence length
             (linear, YaRN, Llama 3, NTK) or None.
-        backend: ``"auto"``, ``"torch"`` or ``"triton"``, as for :class:`posenc.RotaryEmbedding`.
+        engine: ``"auto"``, ``"torch"`` or ``"triton"``, as for :class:`posenc.RotaryEmbedding`.
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         device: device of the tables.
 
     Shape:
@@ -110,12 +111,16 @@ class MultimodalRotaryEmbedding(TableModule):
         mrope_interleaved: bool = False,
         layout: str = "half",
         scaling: core_rope.RopeScaling | None = None,
-        backend: str = "auto",
+        engine: str = "auto",
+        backend: str = UNSET,
         device: torch.device | str | None = None,
     ) -> None:
+        if backend is not UNSET:                 # the old name of engine=
+            engine = renamed("MultimodalRotaryEmbedding", "backend", "engine", backend, engine, "auto",
+                             tracing=torch.compiler.is_compiling())
         super().__init__()
         self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
-        self.backend = check_rope_backend(backend)
+        self.engine = check_rope_engine(engine)
         plan = core_mrope.mrope_axis_plan(self.dim, mrope_section, interleaved=mrope_interleaved)
         self.mrope_section = core_mrope.check_mrope_section(mrope_section, self.dim)
         self.mrope_interleaved = mrope_interleaved
@@ -157,7 +162,8 @@ class MultimodalRotaryEmbedding(TableModule):
         *,
         max_seq_len: int = 4096,
         layout: str | None = None,
-        backend: str = "auto",
+        engine: str = "auto",
+        backend: str = UNSET,
         device=None,
     ) -> MultimodalRotaryEmbedding:
         """Build from a Qwen2-VL / Qwen2.5-VL (or Qwen3-VL) configuration, whole or its text config.
@@ -171,11 +177,14 @@ class MultimodalRotaryEmbedding(TableModule):
         type's unless ``layout`` is given; the choice is logged at ``INFO`` level on the ``"posenc"``
         logger, and a ``layout`` that contradicts the model type warns with :class:`posenc.LayoutWarning`.
         """
+        if backend is not UNSET:                 # the old name of engine=
+            engine = renamed("MultimodalRotaryEmbedding.from_hf_config", "backend", "engine", backend, engine, "auto",
+                             tracing=torch.compiler.is_compiling())
         base, rotary_dim, scaling, section, interleaved = core_hf_config.mrope_from_hf(config)
         layout = core_hf_config.choose_rope_layout(config, layout, who="MultimodalRotaryEmbedding.from_hf_config",
                                                    rotary_dim=rotary_dim)
         return cls(rotary_dim, section, max_seq_len=max_seq_len, base=base, mrope_interleaved=interleaved,
-                   layout=layout, scaling=scaling, backend=backend, device=device)
+                   layout=layout, scaling=scaling, engine=engine, device=device)
 
     def reset_buffers(self) -> None:
         """(Re)build the tables in place, e.g. after meta-device construction and ``to_empty``."""
@@ -199,6 +208,9 @@ class MultimodalRotaryEmbedding(TableModule):
                 s, c = host_sin_cos(range(self.max_seq_len), turns, self.attention_factor)
             self.cos_table.copy_(c)
             self.sin_table.copy_(s)
+
+    #: Old name of :attr:`engine` (deprecated).
+    backend = renamed_attribute("backend", "engine")
 
     @property
     def inv_freq(self) -> torch.Tensor:
@@ -349,7 +361,7 @@ class MultimodalRotaryEmbedding(TableModule):
 
     def _rotate(self, q, k, sd, cos, sin, inplace):
         """Steps 3 and 4: rotate by rows ``(S, h)`` (shared by the batch) or ``(B, S, h)``."""
-        engine = rope_engine(choose_engine(self.backend, q, k, sd))
+        engine = rope_engine(choose_engine(self.engine, q, k, sd))
         if cos.dim() == 2:                                                # (S, h)
             return feed(engine, q, k, inplace, cos=cos, sin=sin, positions=None, offset=0, layout=self.layout,
                         seq_dim=sd)

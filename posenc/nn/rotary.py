@@ -8,10 +8,9 @@ import numpy as np
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET
+from posenc._deprecate import UNSET, renamed, renamed_attribute
 from posenc._torch import exact32, plans
 from posenc._torch.angles import angle_dtype, exact_cos_sin, float64_cos_sin, has_float64, host_sin_cos, working_dtype
-from posenc._torch.backend import check_rope_backend
 from posenc._torch.checks import (
     check_float_dtype,
     check_position_bounds,
@@ -19,6 +18,7 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
 )
+from posenc._torch.engine_choice import check_rope_engine
 from posenc._torch.rope_call import (
     check_call,
     check_flags,
@@ -36,7 +36,8 @@ from posenc._torch.varlen import check_varlen_call, varlen_positions, varlen_ran
 from posenc.core import exact as core_exact
 from posenc.core import hf_config as core_hf_config
 from posenc.core import rope as core_rope
-from posenc.kernels import engine, rope_engine
+from posenc.kernels import engine as kernel_engine
+from posenc.kernels import rope_engine
 from posenc.kernels.torch_rope import pack_tables, row_factors, unpack_tables
 
 __all__ = ["RotaryEmbedding"]
@@ -80,7 +81,7 @@ class RotaryEmbedding(TableModule):
     captured decode step needs).  The lookup stays bounds-checked, so a broken promise raises (or,
     in the Triton kernel, gives NaN rows) and never reads outside the tables.  While tracing
     (``torch.compile``, ``torch.export``) the range is unknown: positions are computed exactly, or
-    looked up under a traceable assertion with ``assume_valid=True`` or ``backend="triton"``.
+    looked up under a traceable assertion with ``assume_valid=True`` or ``engine="triton"``.
 
     Length-dependent rules (:class:`~posenc.DynamicNTKScaling`, :class:`~posenc.LongRopeScaling`)
     read ``seq_len`` (default: the largest position + 1).  Within the original context the
@@ -108,10 +109,11 @@ class RotaryEmbedding(TableModule):
             consistent; the key scale stays finite in float32 only for
             ``|position| < 70 * xpos_scale_base`` (``zeta_0^-p`` overflows beyond), and larger
             positions raise ``ValueError``.
-        backend: ``"auto"`` (the fused Triton kernel for CUDA tensors when Triton imports and the
+        engine: ``"auto"`` (the fused Triton kernel for CUDA tensors when Triton imports and the
             case is supported: no xPos, positions inside the table, the table's frequencies; else
             the torch engine), ``"torch"`` (never the kernel) or ``"triton"`` (raises when the
             kernel cannot take a call).  Decided once per call, reading nothing from the device.
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         rotary_slice: which ``dim`` features of a head rotate when the head is wider: ``"first"``
             (the leading ones: GPT-NeoX, Llama) or ``"last"`` (the trailing ones: DeepSeek-V4's
             latent heads); the others pass through unchanged.
@@ -154,13 +156,17 @@ class RotaryEmbedding(TableModule):
         layout: str = "half",
         scaling: core_rope.RopeScaling | None = None,
         xpos_scale_base: float | None = None,
-        backend: str = "auto",
+        engine: str = "auto",
+        backend: str = UNSET,
         rotary_slice: str = "first",
         device: torch.device | str | None = None,
     ) -> None:
+        if backend is not UNSET:                 # the old name of engine=
+            engine = renamed("RotaryEmbedding", "backend", "engine", backend, engine, "auto",
+                             tracing=torch.compiler.is_compiling())
         super().__init__()
         self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
-        self.backend = check_rope_backend(backend)
+        self.engine = check_rope_engine(engine)
         self.rotary_slice = check_rotary_slice(rotary_slice)
         # validates scaling and base too
         freqs = core_rope.frequencies(self.dim, self.base, scaling, None)
@@ -181,7 +187,7 @@ class RotaryEmbedding(TableModule):
         # the table's frequencies serve every call (no length-dependent rule, no xPos scales)
         self._plain = not self._length_dependent and self.xpos_scale_base is None
         # what a call's plan depends on of this module (posenc._torch.plans; its table is passed per call)
-        self._signature = (self.dim, self.max_seq_len, self.layout, self.backend, self.rotary_slice)
+        self._signature = (self.dim, self.max_seq_len, self.layout, self.engine, self.rotary_slice)
         h = self.dim // 2
         # float64 where the device has it; on a device without float64 (Apple's MPS) float32, and the
         # angles come from the float32 digits below (tables are then built on the host)
@@ -211,7 +217,8 @@ class RotaryEmbedding(TableModule):
         layer_type: str | None = None,
         max_seq_len: int = 4096,
         layout: str | None = None,
-        backend: str = "auto",
+        engine: str = "auto",
+        backend: str = UNSET,
         rotary_slice: str | None = None,
         device: torch.device | str | None = None,
     ) -> RotaryEmbedding:
@@ -233,12 +240,15 @@ class RotaryEmbedding(TableModule):
         checkpoint's weights rotate with the config's layout.  Fix: leave ``layout`` out, or convert
         the weights once with ``posenc.convert_rope_weight(w, num_heads, src=<config's>, dst=layout)``.
         """
+        if backend is not UNSET:                 # the old name of engine=
+            engine = renamed("RotaryEmbedding.from_hf_config", "backend", "engine", backend, engine, "auto",
+                             tracing=torch.compiler.is_compiling())
         base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config, layer_type=layer_type)
         layout = core_hf_config.choose_rope_layout(config, layout, who="RotaryEmbedding.from_hf_config",
                                                    rotary_dim=rotary_dim)
         if rotary_slice is None:
             rotary_slice = core_hf_config.rope_slice_from_hf(config)
-        return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, backend=backend,
+        return cls(rotary_dim, max_seq_len=max_seq_len, base=base, layout=layout, scaling=scaling, engine=engine,
                    rotary_slice=rotary_slice, device=device)
 
     def reset_buffers(self) -> None:
@@ -277,6 +287,9 @@ class RotaryEmbedding(TableModule):
         super()._apply(fn, recurse)
         self._make_factors()
         return self
+
+    #: Old name of :attr:`engine` (deprecated).
+    backend = renamed_attribute("backend", "engine")
 
     @property
     def _rule(self) -> _LengthRule:
@@ -527,13 +540,13 @@ class RotaryEmbedding(TableModule):
             if (positions is None and self._plain and q.dtype != torch.float64 and 0 <= offset
                     and offset + length <= self.max_seq_len):
                 # the decode step: table rows at a host-known offset, nothing else to decide
-                mod = engine("rope_qk", choose_engine(self.backend, q, k, sd))
+                mod = kernel_engine("rope_qk", choose_engine(self.engine, q, k, sd))
                 return rotate(key, mod, q, k, None, None, table, None, offset, self.layout, sd, inplace, False,
                               inverse)
         rows, positions, rng, why = self._rows(q, positions, offset, length, seq_len, assume, tracing)
-        name = choose_engine(self.backend, q, k, sd, why)
+        name = choose_engine(self.engine, q, k, sd, why)
         if rows is None:                                                             # the table's rows
-            return rotate(key, engine("rope_qk", name), q, k, None, None, table, positions, offset, self.layout, sd,
+            return rotate(key, kernel_engine("rope_qk", name), q, k, None, None, table, positions, offset, self.layout, sd,
                           inplace, positions is not None and not assume, inverse)
         one_shot = rope_engine(name)
         cos, sin = rows
@@ -591,9 +604,9 @@ class RotaryEmbedding(TableModule):
         elif rng is not None:
             why = (f"positions [{rng[0]}, {rng[1]}] go past the table of {self.max_seq_len} rows (the torch engine "
                    f"computes them)")
-        else:                                       # (backend="triton" takes the computed rows)
+        else:                                       # (engine="triton" takes the computed rows)
             why = "positions of unknown range while tracing are computed by the torch engine" if (
-                self.backend == "auto") else None
+                self.engine == "auto") else None
         return rows, positions, rng, why
 
     def _feed_rows(self, engine, q, k, sd, positions, cos, sin, inplace, inverse=False):

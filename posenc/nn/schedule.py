@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from posenc import _validate
+from posenc._deprecate import UNSET, renamed
 from posenc.core.schedule import PositionSchedule, RopeSpec
 from posenc.nn.rotary import RotaryEmbedding
 
@@ -18,7 +19,8 @@ def schedule_from_hf(
     config: Any,
     *,
     max_seq_len: int = 4096,
-    backend: str = "auto",
+    engine: str = "auto",
+    backend: str = UNSET,
     device: torch.device | str | None = None,
 ) -> PositionSchedule:
     """:meth:`PositionSchedule.from_hf <posenc.core.schedule.PositionSchedule.from_hf>` with torch
@@ -31,7 +33,8 @@ def schedule_from_hf(
     Args:
         config: a ``transformers`` ``PretrainedConfig`` or a ``config.json`` dict.
         max_seq_len: rows of each module's table (longer positions are computed exactly).
-        backend: rotation backend of the modules (see :class:`~posenc.RotaryEmbedding`).
+        engine: rotation engine of the modules (see :class:`~posenc.RotaryEmbedding`).
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         device: where the tables live.
 
     Raises:
@@ -43,9 +46,12 @@ def schedule_from_hf(
         >>> [type(e.encoding).__name__ for e in s], [e.window for e in s]
         (['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType'], [32, 32, 32, None])
     """
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("schedule_from_hf", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
 
     def build(spec: RopeSpec) -> RotaryEmbedding:
         return RotaryEmbedding(spec.dim, max_seq_len=max_seq_len, base=spec.base, layout=spec.layout,
-                               scaling=spec.scaling, backend=backend, device=device)
+                               scaling=spec.scaling, engine=engine, device=device)
     return PositionSchedule.from_hf(config, encodings=build)

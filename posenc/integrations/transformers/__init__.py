@@ -35,10 +35,10 @@ value's scale.  ALiBi slopes must agree to 4 ulps, T5 buckets exactly.  Any disa
 whole model with a ``ValueError`` naming the module, the positions and the difference, and the model
 is left as it was.
 
-The rotation of q and k goes through posenc's engine too (``backend="auto"``, the default), where
+The rotation of q and k goes through posenc's engine too (``engine="auto"``, the default), where
 the model's ``apply_rotary_pos_emb`` is recognised and reproduced at patch time; the pair layout is
 the one the model's own rotate function mixes (:func:`rotation_layout`).  On CPU, and on any device
-with ``backend="torch"``, a call of the patched rotary module gathers, with one lookup, its cos/sin
+with ``engine="torch"``, a call of the patched rotary module gathers, with one lookup, its cos/sin
 and the 2 x 2 mixing factors of each feature pair of posenc's ``rounding="model"`` engine
 (:mod:`posenc.kernels.torch_mix`, what ``apply_rope_qk(..., rounding="model")`` runs); each layer then
 rotates q and k with two torch calls apiece, with the same products and additions as the model's

@@ -89,11 +89,11 @@ def _silently() -> Iterator[None]:
 
 class Route(NamedTuple):
     """Where a patched model's rotation goes through posenc: the modeling module and the name of its rotate
-    function that the stand-in replaces, and the engine (``backend``) it rotates with."""
+    function that the stand-in replaces, and the engine (``engine``) it rotates with."""
 
     module: str
     function: str
-    backend: str
+    engine: str
 
 
 #: The cos/sin formats of rotary modules (how a module lays out a position's row; not a pair layout):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET
+from posenc._deprecate import UNSET, renamed
 from posenc._torch.rope_call import promise
 from posenc.core import hf_config as core_hf_config
 from posenc.integrations.transformers._bias import _plan_bloom, _plan_mpnet, _plan_mpt, _plan_t5
@@ -26,7 +26,7 @@ from posenc.integrations.transformers._vision import _plan_axial, _plan_grid_tab
 
 # ---- the public entry points ------------------------------------------------------------------------------
 
-def patch_model(model: torch.nn.Module, *, backend: str | None = "auto", assume_valid: bool = False,
+def patch_model(model: torch.nn.Module, *, engine: str | None = "auto", assume_valid: bool = False, backend: str = UNSET,
                 assume_in_table: bool = UNSET) -> torch.nn.Module:
     """Make ``model`` compute its positional encoding with posenc, in place; returns ``model``.
 
@@ -43,7 +43,7 @@ def patch_model(model: torch.nn.Module, *, backend: str | None = "auto", assume_
 
     Args:
         model: a loaded transformers model (any head, or a submodel such as ``model.model``).
-        backend: ``"auto"`` (the default), ``"torch"`` or ``"triton"``: where the model's rotate
+        engine: ``"auto"`` (the default), ``"torch"`` or ``"triton"``: where the model's rotate
             function (``apply_rotary_pos_emb(q, k, cos, sin)``, or one that takes ``(x, cos, sin)``,
             of its modeling code) is recognised and reproduced by posenc's engine on random q and k,
             that function rotates q and k with posenc's engine for the cos/sin of patched models:
@@ -53,6 +53,7 @@ def patch_model(model: torch.nn.Module, *, backend: str | None = "auto", assume_
             ``torch.compile``, run the model's own function; where the function is not recognised,
             cos/sin only (logged at INFO).  ``None``: posenc supplies cos/sin and the model's own
             code always rotates q and k.
+        backend: the old name of ``engine`` (deprecated; it still works for now).
         assume_valid: for RoPE models, promise that every position lies below the rotary tables'
             rows (``min(max_position_embeddings, 16384)``) and that no length-dependent rule needs
             the current length: cos/sin are then looked up without reading the positions back
@@ -67,9 +68,12 @@ def patch_model(model: torch.nn.Module, *, backend: str | None = "auto", assume_
             configuration cannot be read exactly, or the self-check disagrees); the message names the
             module and why, and the model is left unchanged.
     """
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("patch_model", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     if assume_in_table is not UNSET:
         assume_valid = promise("patch_model", assume_in_table, assume_valid)
-    _patch(model, assume_valid, backend)
+    _patch(model, assume_valid, engine)
     return model
 
 
@@ -89,36 +93,39 @@ def is_patched(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def patched(model: torch.nn.Module, *, backend: str | None = "auto", assume_valid: bool = False,
+def patched(model: torch.nn.Module, *, engine: str | None = "auto", assume_valid: bool = False, backend: str = UNSET,
             assume_in_table: bool = UNSET) -> Iterator[torch.nn.Module]:
     """``with patched(model): ...`` runs the block with ``model`` patched, and restores after it
     exactly the modules it patched (a model that was patched already stays patched).
-    ``backend`` and ``assume_valid`` as for :func:`patch_model` (``assume_in_table`` is the deprecated old
+    ``engine`` and ``assume_valid`` as for :func:`patch_model` (``assume_in_table`` is the deprecated old
     name of ``assume_valid``)."""
+    if backend is not UNSET:                 # the old name of engine=
+        engine = renamed("patched", "backend", "engine", backend, engine, "auto",
+                         tracing=torch.compiler.is_compiling())
     if assume_in_table is not UNSET:
         assume_valid = promise("patched", assume_in_table, assume_valid)
-    done = _patch(model, assume_valid, backend)
+    done = _patch(model, assume_valid, engine)
     try:
         yield model
     finally:
         for module in done:
             _unpatch_module(module)
 
-def _patch(model: torch.nn.Module, assume_valid: bool, backend: str | None = None) -> list[torch.nn.Module]:
+def _patch(model: torch.nn.Module, assume_valid: bool, engine: str | None = None) -> list[torch.nn.Module]:
     """Verify and apply; returns the modules newly patched."""
     _check_module(model)
     try:
-        return _verify_and_apply(model, assume_valid, backend)
+        return _verify_and_apply(model, assume_valid, engine)
     finally:
         for module in model.modules():
             vars(module).pop("_posenc_reference", None)
 
 
-def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, backend: str | None) -> list[torch.nn.Module]:
+def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, engine: str | None) -> list[torch.nn.Module]:
     _check_module(model)
     _validate.check_bool("assume_valid", assume_valid)
-    if backend is not None and backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be None (cos/sin only), 'auto', 'torch' or 'triton', got {backend!r}")
+    if engine is not None and engine not in ("auto", "torch", "triton"):
+        raise ValueError(f"engine must be None (cos/sin only), 'auto', 'torch' or 'triton', got {engine!r}")
     plans: list[_Plan] = []
     left: list[str] = []                                     # modules left as the model's own, and why
     found = 0
@@ -147,8 +154,8 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, backend: str |
                 raise
             plans.append(recomposed)
             continue
-        if backend is not None and isinstance(plan.submodule[1] if plan.submodule else None, _RotaryAdapter):
-            _plan_fast_rotation(plan, where, backend)
+        if engine is not None and isinstance(plan.submodule[1] if plan.submodule else None, _RotaryAdapter):
+            _plan_fast_rotation(plan, where, engine)
         plans.append(plan)
     if not found:
         model_type = getattr(getattr(model, "config", None), "model_type", None)

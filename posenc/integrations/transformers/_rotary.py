@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from posenc._torch.backend import kernel_possible
+from posenc._torch.engine_choice import kernel_possible
 from posenc._torch.rows import position_range, table_rows
 from posenc._torch.tables import TableModule
 from posenc.core.rope import LongRopeScaling
@@ -42,7 +42,7 @@ class _RotaryTables(TableModule):
     """posenc's rotary embedding for one layer type, with its exact float32 cos/sin tables
     ``(rows, dim/2)``.  The tables stay float32 when the model is cast (``model.to(torch.bfloat16)``).
 
-    Where posenc also rotates q and k (``backend=``), ``mix`` holds, per row, everything a call
+    Where posenc also rotates q and k (``engine=``), ``mix`` holds, per row, everything a call
     returns and rotates with, so that one gather serves a call: ``(rows, 4 dim)``, the module's cos
     and sin in its own format, then the factors of :func:`posenc.kernels.torch_mix.mix_rows`.
     """
@@ -172,10 +172,10 @@ class _RotaryAdapter(torch.nn.Module):
         #: the pairs the model's own rotate function mixes (found at patch time), and that function
         self.layout: str | None = None
         self.layout_source = ""
-        #: (modeling module name, function name, backend) when the rotation is routed through posenc
+        #: (modeling module name, function name, engine) when the rotation is routed through posenc
         self.fast: Route | None = None
         #: why the model's own code rotates q and k (for the log), when it does
-        self.why_not_fast = "backend=None"
+        self.why_not_fast = "engine=None"
         #: how posenc mixes the pairs where it rotates (found at patch time): the layout of
         #: :mod:`posenc.kernels.torch_mix`, the direction of the rotation (-1: by minus the angle), which
         #: features of a wider head rotate while the rest pass through ("first", "last"; False: wider heads
@@ -209,13 +209,13 @@ class _RotaryAdapter(torch.nn.Module):
         if fast is None or _is_compiling():
             cos, sin = table(position_ids, x.dtype)
             return _to_format(cos, sin, self.fmt, x.dtype), None
-        backend, dtype, layout = fast.backend, x.dtype, self.mix_layout
+        engine, dtype, layout = fast.engine, x.dtype, self.mix_layout
         # the kernel: plain rotations, one row set for the batch (per-row positions: the torch engine)
-        if (position_ids.dim() == 2 and position_ids.shape[0] == 1 and kernel_possible(backend, x) and self.sign == 1
+        if (position_ids.dim() == 2 and position_ids.shape[0] == 1 and kernel_possible(engine, x) and self.sign == 1
                 and layout == self.layout):
             cos, sin = table(position_ids, dtype)
             out = _to_format(cos, sin, self.fmt, dtype)
-            return out, _KernelEntry(layout, cos.to(dtype), sin.to(dtype), backend, out[1], self.partial, self.any_rows)
+            return out, _KernelEntry(layout, cos.to(dtype), sin.to(dtype), engine, out[1], self.partial, self.any_rows)
         if dtype is not torch.float32 and dtype not in self.low:
             cos, sin = table(position_ids, dtype)                          # the model's own rotation
             return _to_format(cos, sin, self.fmt, dtype), None
@@ -320,7 +320,7 @@ def _short_factors_kept(rope: RotaryEmbedding) -> RotaryEmbedding | None:
             and rule.long_factor != rule.short_factor):
         return None
     return RotaryEmbedding(rope.dim, max_seq_len=rope.max_seq_len, base=rope.base, layout=rope.layout,
-                           scaling=dataclasses.replace(rule, long_factor=rule.short_factor), backend=rope.backend)
+                           scaling=dataclasses.replace(rule, long_factor=rule.short_factor), engine=rope.engine)
 
 
 def _verify_rotary(module: torch.nn.Module, where: str, layer_type: str | None, table: _RotaryTables,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from posenc._torch.angles import has_float64
-from posenc._torch.backend import kernel_possible
+from posenc._torch.engine_choice import kernel_possible
 from posenc.functional import (
     apply_rope_qk,
 )
@@ -148,18 +148,18 @@ class _KernelEntry(_FastEntry):
     """:class:`_FastEntry` for the Triton kernel, which reads the narrow ``(1, S, d/2)`` cos and sin of one
     row set for the batch (the entry of a call with one row of positions)."""
 
-    __slots__ = ("cos", "sin", "backend")
+    __slots__ = ("cos", "sin", "engine")
 
-    def __init__(self, layout: str, cos: torch.Tensor, sin: torch.Tensor, backend: str, sin_out: torch.Tensor,
+    def __init__(self, layout: str, cos: torch.Tensor, sin: torch.Tensor, engine: str, sin_out: torch.Tensor,
                  partial: str | bool, any_rows: bool = False) -> None:
         self.layout, self.dim, self.partner, self.partial = layout, 2 * cos.shape[-1], sin_out, partial
         self.dtype, self.length, self.sign, self.any_rows = cos.dtype, cos.shape[-2], 1, any_rows
-        self.cos, self.sin, self.backend = cos, sin, backend
+        self.cos, self.sin, self.engine = cos, sin, engine
 
     def _kernel(self, q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 unsqueeze: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         last = self.partial == "last" and q.shape[-1] > self.dim
-        return apply_rope_qk(q, k, cos[0], sin[0], layout=self.layout, seq_dim=3 - unsqueeze, backend=self.backend,
+        return apply_rope_qk(q, k, cos[0], sin[0], layout=self.layout, seq_dim=3 - unsqueeze, engine=self.engine,
                              rotary_slice="last" if last else "first")
 
     def rotate_one(self, x: torch.Tensor, unsqueeze: int) -> torch.Tensor | None:
@@ -276,7 +276,7 @@ def _uninstall_fast(module_name: str, name: str, adapter: torch.nn.Module) -> No
             setattr(code, name, current.original)
 
 
-def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
+def _plan_fast_rotation(plan: _Plan, where: str, engine: str) -> None:
     """Route the model's rotation through posenc's engine where its rotate function is recognised and
     reproduced on random q and k (:func:`_verify_fast`); else leave it (logged)."""
     adapter = cast("_RotaryAdapter", plan.submodule[1] if plan.submodule else None)
@@ -295,17 +295,17 @@ def _plan_fast_rotation(plan: _Plan, where: str, backend: str) -> None:
                               and not _takes_one(fn)):
         why = f"{name} does not take (q, k, cos, sin) or (x, cos, sin)"
     else:
-        why = _verify_fast(adapter, fn, backend)
+        why = _verify_fast(adapter, fn, engine)
     if why:
         for table in adapter.tables.values():
             cast("_RotaryTables", table).enable_mix(adapter.fmt, None)     # only the tables the module returns
         adapter.why_not_fast = why                                       # (said in patch_model's log record)
         return
     module_name = type(module).__module__
-    adapter.fast = plan.fast = Route(module_name, name, backend)
+    adapter.fast = plan.fast = Route(module_name, name, engine)
 
 
-def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) -> str:
+def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], engine: str) -> str:
     """Why posenc's engine does not stand in for the model's rotate function ``fn``, or "" when it
     reproduces it on random q and k in float32 (:func:`_reproduces`: bit for bit with the torch
     engine), trying the ways of mixing the pairs the layout found allows, in either direction.
@@ -326,16 +326,16 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
             [("interleaved", 1), ("interleaved_to_half", 1), ("interleaved", -1), ("interleaved_to_half", -1)]
         for adapter.mix_layout, adapter.sign in ways:
             adapter.slices, adapter.any_rows = ["first", "last"], adapter.fmt == "narrow"
-            why = _reproduces(adapter, fn, backend, torch.float32)
+            why = _reproduces(adapter, fn, engine, torch.float32)
             if not why:
                 break
-        if not why and not kernel_possible(backend, tables[0].cos):  # (the kernel computes in float32, rounds once)
+        if not why and not kernel_possible(engine, tables[0].cos):  # (the kernel computes in float32, rounds once)
             for dtype in (torch.bfloat16, torch.float16, torch.float64):
                 if dtype == torch.float64 and not has_float64(tables[0].cos.device):
                     continue                                 # (a device without float64: nothing to route)
                 for mode in ("model", "float32"):
                     adapter.low[dtype] = mode
-                    if not _reproduces(adapter, fn, backend, dtype):
+                    if not _reproduces(adapter, fn, engine, dtype):
                         break
                     del adapter.low[dtype]
         return why
@@ -346,15 +346,15 @@ def _verify_fast(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str) 
             t.assume_valid = p
 
 
-def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], backend: str, dtype: torch.dtype) -> str:
+def _reproduces(adapter: _RotaryAdapter, fn: Callable[..., Any], engine: str, dtype: torch.dtype) -> str:
     """Why posenc's rotation for ``dtype`` differs from ``fn``'s, or "": bit for bit with the torch
     engine (the same products and additions), within 1e-5 with the Triton kernel (float32 only:
     it computes in float32 and rounds once).  For a head wider than the rotary dim, each slice still in
     ``adapter.slices`` that ``fn`` does not rotate as posenc would is dropped from it; random half-width
     rows that posenc does not rotate as ``fn`` does clear ``adapter.any_rows``."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    fast = Route("", "", backend)
-    exact = not kernel_possible(backend, cast("_RotaryTables", next(iter(adapter.tables.values()))).cos)
+    fast = Route("", "", engine)
+    exact = not kernel_possible(engine, cast("_RotaryTables", next(iter(adapter.tables.values()))).cos)
     one = _takes_one(fn)
 
     def same(got: Any, want: Any) -> bool:

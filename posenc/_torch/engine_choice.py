@@ -1,7 +1,7 @@
-"""The one backend decision for rotary embeddings: the torch engine or the Triton kernel (not public).
+"""The one engine decision for rotary embeddings: the torch engine or the Triton kernel (not public).
 
-A public call resolves its backend here, once, and calls the engine it gets; nothing beneath it
-decides again.  ``backend="torch"`` never reaches the kernel; ``backend="triton"`` raises when the
+A public call resolves its engine here, once, and calls the engine it gets; nothing beneath it
+decides again.  ``engine="torch"`` never reaches the kernel; ``engine="triton"`` raises when the
 kernel cannot take the call; ``"auto"`` takes the kernel for CUDA tensors it supports.
 """
 
@@ -16,7 +16,7 @@ from posenc import _validate
 
 #: ``"auto"``: the Triton kernel for CUDA tensors when Triton imports and the kernel takes the case
 #: (4-D q/k with the sequence on axis 1 or 2, float16/bfloat16/float32), else the torch engine.
-ROPE_BACKENDS = ("auto", "torch", "triton")
+ROPE_ENGINES = ("auto", "torch", "triton")
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Decided once, at import, so that the dispatch rule is a constant inside torch.compile graphs.
@@ -33,9 +33,9 @@ def triton_available(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def check_rope_backend(backend: object) -> str:
-    """``backend`` if it is one of :data:`ROPE_BACKENDS`, else ``ValueError`` listing them."""
-    return _validate.check_choice("backend", backend, ROPE_BACKENDS)
+def check_rope_engine(engine: object) -> str:
+    """``engine`` if it is one of :data:`ROPE_ENGINES`, else ``ValueError`` listing them."""
+    return _validate.check_choice("engine", engine, ROPE_ENGINES)
 
 
 def kernel_limits(x: torch.Tensor, seq_dim: int | None) -> str | None:
@@ -54,26 +54,26 @@ def auto_device(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-def kernel_possible(backend: str, x: torch.Tensor) -> bool:
-    """Whether :func:`resolve_rope_backend` may pick the kernel for ``x`` (so that callers compute
+def kernel_possible(engine: str, x: torch.Tensor) -> bool:
+    """Whether :func:`resolve_rope_engine` may pick the kernel for ``x`` (so that callers compute
     the kernel's limits only then): never for ``"torch"``, for ``"auto"`` only on CUDA."""
-    return backend == "triton" or (backend == "auto" and auto_device(x))
+    return engine == "triton" or (engine == "auto" and auto_device(x))
 
 
-def resolve_rope_backend(backend: str, x: torch.Tensor, why_not: str | None) -> str:
+def resolve_rope_engine(engine: str, x: torch.Tensor, why_not: str | None) -> str:
     """``"torch"`` or ``"triton"`` for a call on ``x``; ``why_not`` says why the kernel cannot take it.
 
-    ``backend`` is already checked.  The rule is deterministic and reads nothing from the device.
+    ``engine`` is already checked.  The rule is deterministic and reads nothing from the device.
     """
-    if backend == "torch":
+    if engine == "torch":
         return "torch"
-    if backend == "triton":
+    if engine == "triton":
         if not triton_available(x.device):
             raise ValueError(
-                "backend='triton' needs Triton and a CUDA tensor (CPU tensors only with TRITON_INTERPRET=1); "
-                "use backend='torch' or 'auto'"
+                "engine='triton' needs Triton and a CUDA tensor (CPU tensors only with TRITON_INTERPRET=1); "
+                "use engine='torch' or 'auto'"
             )
         if why_not is not None:
-            raise ValueError(f"backend='triton' does not support this case: {why_not}; use backend='torch' or 'auto'")
+            raise ValueError(f"engine='triton' does not support this case: {why_not}; use engine='torch' or 'auto'")
         return "triton"
     return "triton" if auto_device(x) and why_not is None and triton_available(x.device) else "torch"
