@@ -234,3 +234,18 @@ def test_protocol_methods_never_reenter_public_methods(path):
                 assert not (isinstance(f, ast.Name) and f.id == "self"), f"{path.name}:{fn.name} calls self(...)"
                 assert not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
                             and f.attr in ("forward", "rotate", "cos_sin")), f"{path.name}:{fn.name} calls self.{f.attr}"
+
+
+def test_attention_internals_take_records_not_long_argument_lists():
+    """``posenc.attention`` keeps its public keywords; what it calls takes a few named records
+    (the call's options, where the tokens are, the layer's structure): no internal function of
+    ``posenc/attn.py`` has more than 8 parameters."""
+    tree = ast.parse((ROOT / "attn.py").read_text())
+    long = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name != "attention":
+            a = node.args
+            count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+            if count > 8:
+                long[node.name] = count
+    assert not long, long

@@ -9,6 +9,7 @@ torch; each entry imports what it runs when it runs.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +62,14 @@ class LabTask:
     figure_file: str | None
     takes: frozenset[str]
     parallel: bool
-    help: str
+
+
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported when called (the registry itself imports neither torch nor matplotlib)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    call.__name__ = name
+    return call
 
 
 def _run_lm(options: CompareOptions) -> dict:
@@ -76,18 +84,6 @@ def _run_lm(options: CompareOptions) -> dict:
     results = compare(config, progress=options.progress)
     results["threads_choice"] = options.threads_note
     return results
-
-
-def _format_lm(results: dict) -> str:
-    from posenc.lab.results import format_results
-
-    return format_results(results)
-
-
-def _lm_figure(results: dict):
-    from posenc.lab.plots import compare_figure
-
-    return compare_figure(results)
 
 
 def _run_position(options: CompareOptions) -> dict:
@@ -115,18 +111,6 @@ def _sequence_task(task: str) -> Callable[[CompareOptions], dict]:
     return run
 
 
-def _format_sequence_task(results: dict) -> str:
-    from posenc.lab.results import format_task_results
-
-    return format_task_results(results)
-
-
-def _sequence_figure(results: dict):
-    from posenc.lab.plots import task_figure
-
-    return task_figure(results)
-
-
 def _run_extend(options: CompareOptions) -> dict:
     from posenc.lab.extend import ExtendConfig, run_extend
 
@@ -135,29 +119,16 @@ def _run_extend(options: CompareOptions) -> dict:
     return run_extend(config, progress=options.progress, threads_note=options.threads_note)
 
 
-def _format_extend(results: dict) -> str:
-    from posenc.lab.results import format_extend_results
-
-    return format_extend_results(results)
-
-
-def _extend_figure(results: dict):
-    from posenc.lab.plots import extend_figure
-
-    return extend_figure(results)
-
-
 LAB_TASKS: dict[str, LabTask] = {
     task.name: task for task in (
-        LabTask("lm", _run_lm, _format_lm, _lm_figure, "compare.png", frozenset({"eval_lens"}), False,
-                "language modelling past the training length"),
-        LabTask("position", _run_position, _format_position, None, None, frozenset(), False,
-                "bidirectional order task"),
-        *(LabTask(name, _sequence_task(name), _format_sequence_task, _sequence_figure, f"{name}.png",
-                  frozenset({"seeds", "rope_rules", *(("addition_order",) if name == "addition" else ())}), True,
-                  f"length generalisation, {name}")
+        LabTask("lm", _run_lm, _lazy("posenc.lab.results", "format_results"),
+                _lazy("posenc.lab.plots", "compare_figure"), "compare.png", frozenset({"eval_lens"}), False),
+        LabTask("position", _run_position, _format_position, None, None, frozenset(), False),
+        *(LabTask(name, _sequence_task(name), _lazy("posenc.lab.results", "format_task_results"),
+                  _lazy("posenc.lab.plots", "task_figure"), f"{name}.png",
+                  frozenset({"seeds", "rope_rules", *(("addition_order",) if name == "addition" else ())}), True)
           for name in SEQUENCE_TASKS),
-        LabTask("extend", _run_extend, _format_extend, _extend_figure, "extend.png", frozenset({"seeds"}), True,
-                "fine-tuning with each context-extension rule"),
+        LabTask("extend", _run_extend, _lazy("posenc.lab.results", "format_extend_results"),
+                _lazy("posenc.lab.plots", "extend_figure"), "extend.png", frozenset({"seeds"}), True),
     )
 }
