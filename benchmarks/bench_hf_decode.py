@@ -2,13 +2,13 @@
 
     python benchmarks/bench_hf_decode.py [--repeats 15] [--threads 1] [--sizes 256x4,256x16,512x4,1024x2]
                                          [--dtypes float32,bfloat16] [--prefill 256] [--batch 1]
-                                         [--backends none,auto] [--device cpu] [--inside]
+                                         [--engines none,auto] [--device cpu] [--inside]
 
 For each size (hidden x layers) and dtype builds a random Llama (no download), then times one cached
 decoding step at position 64 (``model(next_token, past_key_values=...)``, the cache cropped back
 after each call so every call sees the same length) and a prefill of ``--prefill`` tokens, for
 ``--batch`` sequences, several ways in the same run: unpatched, and ``patch_model(model,
-backend=...)`` for each of ``--backends`` (``none``: posenc's cos/sin, the model's rotation;
+engine=...)`` for each of ``--engines`` (``none``: posenc's cos/sin, the model's rotation;
 ``auto``, ``torch``, ``triton``: the rotation of q and k through that engine too).  Each repeat
 times the ways one after the other (about ``--min-time`` seconds each), so that a ratio compares
 times taken within a second of each other on a shared machine; prints the medians over
@@ -20,7 +20,7 @@ against a first unpatched run (max abs difference, and whether the generated tok
 with a second unpatched run as the baseline: on CUDA, bfloat16 kernels are not bit-deterministic
 between two identical runs, so a patched model is judged against that spread, not against zero.
 
-``--device cuda`` (defaults there: ``--backends none,torch,triton``, CUDA timings synchronised by
+``--device cuda`` (defaults there: ``--engines none,torch,triton``, CUDA timings synchronised by
 ``torch.utils.benchmark``) is what ``scripts/gpu_check.sh`` runs.  ``--inside`` also times, per call
 inside the decode step of the first size, the rotary module and the modeling code's
 ``apply_rotary_pos_emb``.
@@ -44,14 +44,14 @@ from posenc.integrations.transformers import patch_model, unpatch_model
 from _timing import median_seconds
 
 
-def variants(backends: list[str]) -> list[str]:
-    """The ways a run measures: ``unpatched``, then ``none`` (posenc's cos/sin only) and each backend."""
-    return ["unpatched", *backends]
+def variants(engines: list[str]) -> list[str]:
+    """The ways a run measures: ``unpatched``, then ``none`` (posenc's cos/sin only) and each engine."""
+    return ["unpatched", *engines]
 
 
 def patch(model: torch.nn.Module, variant: str) -> None:
     if variant != "unpatched":
-        patch_model(model, backend=None if variant == "none" else variant)
+        patch_model(model, engine=None if variant == "none" else variant)
 
 
 def build(hidden: int, layers: int, dtype: torch.dtype, args: argparse.Namespace
@@ -84,7 +84,7 @@ def build(hidden: int, layers: int, dtype: torch.dtype, args: argparse.Namespace
 def measure(hidden: int, layers: int, dtype: torch.dtype, args: argparse.Namespace
             ) -> dict[str, dict[str, list[float]]]:
     model, step, prefill = build(hidden, layers, dtype, args)
-    ways = variants(args.backends)
+    ways = variants(args.engines)
     times: dict[str, dict[str, list[float]]] = {m: {v: [] for v in ways} for m in ("decode", "prefill")}
     for _ in range(args.repeats):
         for variant in ways:
@@ -113,7 +113,7 @@ def parity(hidden: int, layers: int, dtype: torch.dtype, args: argparse.Namespac
 
     first = run()
     rows = []
-    for variant in ["unpatched (again)", *args.backends]:
+    for variant in ["unpatched (again)", *args.engines]:
         patch(model, "unpatched" if variant.startswith("unpatched") else variant)
         got = run()
         unpatch_model(model)
@@ -145,7 +145,7 @@ def inside(hidden: int, layers: int, dtype: torch.dtype, args: argparse.Namespac
         for _ in range(max(1, args.repeats // 3)):
             for variant in spent:
                 if variant == "patched":
-                    patch_model(model, backend=args.backends[-1])
+                    patch_model(model, engine=args.engines[-1])
                 had, forward, function = "forward" in vars(rotary), rotary.forward, code.apply_rotary_pos_emb
                 rotary.forward = timed(forward, spent[variant]["rotary module"])
                 code.apply_rotary_pos_emb = timed(function, spent[variant]["apply_rotary_pos_emb"])
@@ -173,22 +173,22 @@ def main() -> None:
     ap.add_argument("--min-time", type=float, default=0.1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
-    ap.add_argument("--backends", default=None, help="comma-separated ways to patch: none (posenc's cos/sin "
+    ap.add_argument("--engines", default=None, help="comma-separated ways to patch: none (posenc's cos/sin "
                     "only), auto, torch, triton (default: none,auto on CPU, none,torch,triton on CUDA)")
-    ap.add_argument("--backend", default=None, choices=("auto", "torch", "triton"),
-                    help="one backend (the same as --backends none,BACKEND)")
+    ap.add_argument("--engine", default=None, choices=("auto", "torch", "triton"),
+                    help="one engine (the same as --engines none,ENGINE)")
     ap.add_argument("--inside", action="store_true", help="also time the rotary module and the rotate function "
-                    "per call inside the decode step of the first size (patched with the last backend)")
+                    "per call inside the decode step of the first size (patched with the last engine)")
     args = ap.parse_args()
-    if args.backends is None:
-        args.backends = f"none,{args.backend}" if args.backend else (
+    if args.engines is None:
+        args.engines = f"none,{args.engine}" if args.engine else (
             "none,torch,triton" if args.device.startswith("cuda") else "none,auto")
-    args.backends = [b.strip() for b in args.backends.split(",")]
-    for b in args.backends:
+    args.engines = [b.strip() for b in args.engines.split(",")]
+    for b in args.engines:
         if b not in ("none", "auto", "torch", "triton"):
-            ap.error(f"--backends: {b!r} is not one of none, auto, torch, triton")
+            ap.error(f"--engines: {b!r} is not one of none, auto, torch, triton")
     torch.set_num_threads(args.threads)
-    ways = variants(args.backends)
+    ways = variants(args.engines)
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else \
         f"{torch.get_num_threads()} CPU thread(s)"
     print(f"Llama (head_dim 64); decode: one step at position 64; prefill: {args.prefill} tokens; batch "

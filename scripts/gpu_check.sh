@@ -12,7 +12,7 @@
 #    compiled, Liger-Kernel, FlashInfer, flash-attention's rotary; the absent ones are listed),
 #    the host cost of a decode call included;
 # 3. benchmarks/bench_hf_decode.py on CUDA: a Llama's prefill and decode step unpatched and patched
-#    with each backend (cos/sin only, torch, triton), float32 and bfloat16, with a parity table
+#    with each engine (cos/sin only, torch, triton), float32 and bfloat16, with a parity table
 #    against a second unpatched run (bfloat16 on CUDA is not bit-deterministic between two runs).
 #
 # The report starts with the date, the commit, the GPU and the versions, and is written as the run
