@@ -619,7 +619,7 @@ def _promise_keyword(encoding: object) -> str:
     return keyword
 
 
-def _sdpa(q, k, v, mask, dropout_p: float, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+def _sdpa(q, k, v, mask, dropout_p: float, scale: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA with grouped-query attention (``enable_gqa`` where torch has it); ``sinks`` become one
     more key of zeros (value zeros) whose logit is the head's sink, through the float mask."""
     if sinks is not None:
@@ -648,11 +648,11 @@ def _varlen_attention(q, k, v, cu: tuple, extra: tuple, encoding, given: _Option
     q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))          # (1, H, T, D)
     if given.seq_len is None and getattr(encoding, "length_dependent", False):
         # each sequence alone has its own length, hence its own frequencies: one call per sequence
-        options = {"encoding": encoding, "causal": given.causal, "dropout_p": given.dropout_p, "scale": given.scale,
+        call = {"encoding": encoding, "causal": given.causal, "dropout_p": given.dropout_p, "scale": given.scale,
                    "assume_valid": given.assume_valid, "keys_rotated": given.keys_rotated, "backend": given.backend,
                    "window": structure.window, "chunk": structure.chunk, "temperature": structure.temperature,
                    "sinks": structure.sinks}
-        outs = [attention(q4[:, :, a:b], k4[:, :, ak:bk], v4[:, :, ak:bk], **options)[0]             # (H, len, D)
+        outs = [attention(q4[:, :, a:b], k4[:, :, ak:bk], v4[:, :, ak:bk], **call)[0]             # (H, len, D)
                 for (a, b), (ak, bk) in zip(_pairs(cu_q), _pairs(cu_k), strict=True) if a < b]
         out = torch.cat(outs, 1) if outs else q4[0, :, :0]
         return out.transpose(0, 1).contiguous()                        # (T, H, D)
@@ -819,7 +819,7 @@ def _with_sink(mask_mod, score_mod, is_sink: torch.Tensor, sinks: torch.Tensor):
     return sink_mask, sink_score
 
 
-def _flex_attention(q, k, v, encoding, where: _Where, causal: bool, scale: float,
+def _flex_attention(q, k, v, encoding, where: _Where, causal: bool, scale: float | None,
                     structure: _Structure = _PLAIN) -> torch.Tensor:
     """flex_attention path: biases as score_mod, masks as a block mask; nothing of size (S, S_k).
 
