@@ -113,6 +113,7 @@ def _shrink(config: Any, seen: set[int]) -> None:
     if isinstance(_get(config, "rotary_dim"), int) and config.rotary_dim > 8:
         config.rotary_dim = 8                                             # GPT-J, CodeGen: part of head_dim 16
     _keep_rotary_pairs(config)
+    _rederive(config)
     for key in ("rope_parameters", "rope_scaling"):
         params = getattr(config, key, None)
         if not isinstance(params, dict):
@@ -152,6 +153,53 @@ def _keep_attention(config: Any, layers: int, full: Any) -> None:
                  if isinstance(t, str) and "attention" in t and "linear" not in t]
     if isinstance(types, list) and attention and not any(t in attention for t in types):
         config.layer_types = types[:-1] + [attention[0]]
+
+
+def _rederive(config: Any) -> None:
+    """Sizes a configuration derived from its full-size hidden size when it was made (the Mamba heads of
+    Bamba and Granite 4.0-H, Zamba 2's attention and Mamba widths), derived again from the shrunk one where
+    they no longer fit it."""
+    own = vars(config)
+    hidden, expand = own.get("hidden_size"), own.get("mamba_expand")
+    if not isinstance(hidden, int) or isinstance(hidden, bool):
+        return
+    if isinstance(expand, int) and isinstance(own.get("mamba_n_heads"), int) and isinstance(own.get("mamba_d_head"), int):
+        inner = own.get("mamba_d_ssm") or expand * hidden
+        if own["mamba_n_heads"] * own["mamba_d_head"] != inner:
+            config.mamba_n_heads = min(own["mamba_n_heads"], 4)
+            config.mamba_d_head = inner // config.mamba_n_heads
+    if isinstance(expand, int) and isinstance(own.get("n_mamba_heads"), int) and isinstance(own.get("mamba_headdim"), int) \
+            and own["n_mamba_heads"] * own["mamba_headdim"] != expand * hidden:
+        config.mamba_headdim = expand * hidden // own["n_mamba_heads"]
+    heads = own.get("num_attention_heads")
+    if isinstance(own.get("attention_hidden_size"), int) and own["attention_hidden_size"] > 2 * hidden \
+            and isinstance(heads, int):
+        config.attention_hidden_size = 2 * hidden
+        if isinstance(own.get("attention_head_dim"), int):
+            config.attention_head_dim = 2 * hidden // heads
+
+
+def _give_attention(config: Any, source: str) -> None:
+    """A hybrid whose default configuration has no attention layer at all (Bamba, Granite 4.0-H: every layer
+    linear) gets one, its last, as their checkpoints have, so that the attention's positions are used; and a
+    model that builds a sliding-window mask for every configuration gets a window longer than the sweep's
+    sequences (the same mask as none)."""
+    own = vars(config)
+    for value in list(own.values()):
+        if hasattr(value, "to_dict") and hasattr(value, "model_type") and value is not config:
+            _give_attention(value, source)
+    layers = next((own[n] for n in _LAYERS if isinstance(own.get(n), int)), None)
+    if layers is None:
+        return
+    if "attn_layer_indices" in own and not own["attn_layer_indices"]:
+        config.attn_layer_indices = [layers - 1]
+    types = own.get("layer_types")
+    if isinstance(types, list) and types and all(t == "linear_attention" for t in types) \
+            and '"full_attention"' in source:
+        config.layer_types = types[:-1] + ["full_attention"]
+    if "sliding_window" in own and own["sliding_window"] is None and "create_sliding_window_causal_mask(" in source \
+            and '"sliding_attention"' in source:
+        config.sliding_window = 4096
 
 
 def _keep_rotary_pairs(config: Any) -> None:
@@ -253,6 +301,7 @@ def build(model_type: str, seed: int = 0) -> torch.nn.Module:
     if "mrope_section" in source:
         found = re.search(r"""get\(["']mrope_section["'], \[(\d+), (\d+), (\d+)\]\)""", source)
         _mrope_defaults(model_type, config, set(), [int(v) for v in found.groups()] if found else None)
+    _give_attention(config, source)
     for mapping in _HEADS:
         name = getattr(modeling_auto, mapping).get(model_type)
         if isinstance(name, (tuple, list)):
