@@ -134,3 +134,29 @@ def test_nested_patching_and_unpatching_in_any_order(kind, order, references):
     _assert_equal(hf_zoo.run(model), references[kind], exact=True)
     patch_model(model)                                     # and it patches again
     _assert_equal(hf_zoo.run(model), references[kind])
+
+
+def _shares_the_rotary_table(model):
+    """Every rotary adapter's cos and sin are views of its RotaryEmbedding's packed table, not copies."""
+    from posenc.integrations.transformers._rotary import _RotaryTables
+
+    tables = [m for m in model.modules() if isinstance(m, _RotaryTables)]
+    assert tables
+    for t in tables:
+        base = t.rope.packed_table.untyped_storage().data_ptr()
+        assert t.cos.untyped_storage().data_ptr() == base and t.sin.untyped_storage().data_ptr() == base
+        torch.testing.assert_close(t.cos, t.rope.cos_table, rtol=0, atol=0)
+    return tables
+
+
+def test_the_rotary_adapter_keeps_no_copy_of_posencs_table_through_casts_copies_and_pickles():
+    model = patch_model(hf_zoo.build("llama"))
+    _shares_the_rotary_table(model)
+    model.to(torch.bfloat16)                                        # tables stay float32, still shared
+    assert all(t.cos.dtype == torch.float32 for t in _shares_the_rotary_table(model))
+    _shares_the_rotary_table(copy.deepcopy(model))
+    _shares_the_rotary_table(pickle.loads(pickle.dumps(model)))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    _shares_the_rotary_table(torch.load(buffer, weights_only=False))

@@ -39,15 +39,16 @@ from posenc.nn import RotaryEmbedding
 # ---- RoPE: one generic adapter, verified against the module ------------------------------------------------
 
 class _RotaryTables(TableModule):
-    """posenc's rotary embedding for one layer type, with its exact float32 cos/sin tables
-    ``(rows, dim/2)``.  The tables stay float32 when the model is cast (``model.to(torch.bfloat16)``).
+    """posenc's rotary embedding for one layer type; ``cos`` and ``sin`` are views of its own exact
+    float32 tables ``(rows, dim/2)`` (no copy), made again whenever the module moves.  The tables stay
+    float32 when the model is cast (``model.to(torch.bfloat16)``).
 
     Where posenc also rotates q and k (``engine=``), ``mix`` holds, per row, everything a call
     returns and rotates with, so that one gather serves a call: ``(rows, 4 dim)``, the module's cos
     and sin in its own format, then the factors of :func:`posenc.kernels.torch_mix.mix_rows`.
     """
 
-    _table_buffers = ("cos", "sin", "mix")
+    _table_buffers = ("mix",)
     cos: torch.Tensor
     sin: torch.Tensor
     mix: torch.Tensor | None
@@ -58,15 +59,26 @@ class _RotaryTables(TableModule):
         super().__init__()
         self.assume_valid = assume_valid
         self.rope = rope
-        self.register_buffer("cos", rope.cos_table.contiguous(), persistent=False)
-        self.register_buffer("sin", rope.sin_table.contiguous(), persistent=False)
+        self._share_tables()
         self.register_buffer("mix", None, persistent=False)
         self.mix_format: tuple[str, str, int] | None = None
         #: plain attributes (read per call without the module's attribute lookup)
         self.rows, self.length_dependent, self.dim = int(self.cos.shape[0]), bool(rope.length_dependent), rope.dim
 
+    def _share_tables(self) -> None:
+        """``cos`` and ``sin``: views of the rotary module's packed table (plain attributes, not buffers)."""
+        self.cos, self.sin = self.rope.cos_table, self.rope.sin_table
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        self._share_tables()                                   # the rotary module's table moved with it
+        return out
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        for name in ("cos", "sin"):                            # (copies kept as buffers by an earlier posenc)
+            self._buffers.pop(name, None)
+        self._share_tables()
         # (tables saved by an earlier posenc: the attributes it did not have, and no factor table)
         self._buffers.setdefault("mix", None)
         mix_format = vars(self).get("mix_format")
@@ -93,9 +105,7 @@ class _RotaryTables(TableModule):
     def reset_buffers(self) -> None:
         """Rebuild the tables in place (after ``to_empty``)."""
         self.rope.reset_buffers()
-        with torch.no_grad():
-            self.cos.copy_(self.rope.cos_table)
-            self.sin.copy_(self.rope.sin_table)
+        self._share_tables()
         if self.mix_format is not None:
             self.enable_mix(*self.mix_format)
 
