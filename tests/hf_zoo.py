@@ -30,12 +30,13 @@ STEPS = 8
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "encoder_layers",
            "decoder_layers", "num_encoder_layers")
 _SIZES = {
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim"), 64),
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "cross_attention_hidden_size"), 64),
     **dict.fromkeys(("intermediate_size", "d_ff", "ffn_dim", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
                      "ffn_hidden_size"), 128),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
-                     "decoder_attention_heads"), 4),
+                     "decoder_attention_heads", "encoder_num_attention_heads", "decoder_num_attention_heads"), 4),
     **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num"), 2),
+    **dict.fromkeys(("encoder_num_key_value_heads", "decoder_num_key_value_heads"), 4),   # (Moonshine: one per head)
     **dict.fromkeys(("head_dim", "d_kv", "kv_channels", "attention_head_dim"), 16),
     "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16, "q_lora_rank": 32,
     **dict.fromkeys(("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"), 4),
@@ -95,6 +96,8 @@ def _shrink(config: Any, seen: set[int]) -> None:
             setattr(config, name, 2)
         elif name in _SIZES and value > _SIZES[name]:
             setattr(config, name, _SIZES[name])
+        elif name.endswith("vocab_size") and value > VOCAB:          # a second vocabulary (unpadded, text, audio)
+            setattr(config, name, VOCAB)
         elif name.endswith(("_token_id", "_token_index")) and value >= VOCAB - 56:
             setattr(config, name, VOCAB - 56 + (abs(hash(name)) % 50))
     if isinstance(_get(config, "qk_rope_head_dim"), int):
@@ -157,8 +160,8 @@ def _keep_attention(config: Any, layers: int, full: Any) -> None:
 
 def _rederive(config: Any) -> None:
     """Sizes a configuration derived from its full-size hidden size when it was made (the Mamba heads of
-    Bamba and Granite 4.0-H, Zamba 2's attention and Mamba widths), derived again from the shrunk one where
-    they no longer fit it."""
+    Bamba and Granite 4.0-H, Zamba 2's attention and Mamba widths, LayoutLMv3's box embeddings), derived
+    again from the shrunk one where they no longer fit it."""
     own = vars(config)
     hidden, expand = own.get("hidden_size"), own.get("mamba_expand")
     if not isinstance(hidden, int) or isinstance(hidden, bool):
@@ -171,6 +174,10 @@ def _rederive(config: Any) -> None:
     if isinstance(expand, int) and isinstance(own.get("n_mamba_heads"), int) and isinstance(own.get("mamba_headdim"), int) \
             and own["n_mamba_heads"] * own["mamba_headdim"] != expand * hidden:
         config.mamba_headdim = expand * hidden // own["n_mamba_heads"]
+    coordinate, shape = own.get("coordinate_size"), own.get("shape_size")
+    if isinstance(coordinate, int) and isinstance(shape, int) and 4 * coordinate + 2 * shape != hidden:
+        config.coordinate_size = hidden // 8                        # LayoutLMv3: 4 coordinates and 2 sizes
+        config.shape_size = (hidden - 4 * config.coordinate_size) // 2   # of a box fill the hidden size
     heads = own.get("num_attention_heads")
     if isinstance(own.get("attention_hidden_size"), int) and own["attention_hidden_size"] > 2 * hidden \
             and isinstance(heads, int):
@@ -339,11 +346,13 @@ def _inputs(model: torch.nn.Module, length: int) -> dict[str, torch.Tensor]:
     if len(options) == 1:
         return options[0]()
     errors = []
+    # an encoder-decoder reads these inputs in its encoder (the decoder's come in run())
+    probe = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else model
     for make in options:
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model(**make())
+                probe(**make())
         except _Timeout:
             raise
         except Exception as e:                          # noqa: BLE001 -- the next shape is tried
@@ -465,6 +474,18 @@ def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[t
     """The prefill output, and the logits and tokens of ``steps`` cached greedy steps (none for models
     without a cache or logits)."""
     inputs = _inputs(model, length)
+    enc_dec = bool(getattr(model.config, "is_encoder_decoder", False))
+    if enc_dec and ("input_ids" in inputs or _takes(model, "decoder_input_ids")):
+        # text to text, or speech to text (Moonshine: the encoder reads the audio); the decoder starts
+        # from 7 token ids and continues greedily against the encoder's output
+        ids = inputs["input_ids"] if "input_ids" in inputs else torch.randint(
+            3, _vocabulary(model), (1, 7), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enc = model.get_encoder()(**inputs)
+            out = model(encoder_outputs=enc, decoder_input_ids=ids[:, :7], use_cache=True)
+            return _greedy(out, steps, lambda nxt, cache: model(encoder_outputs=enc, decoder_input_ids=nxt,
+                                                                 past_key_values=cache, use_cache=True))
     if "input_ids" not in inputs:                       # a vision encoder: its output, no decoding
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -472,34 +493,28 @@ def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[t
         first = out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
         return first.detach().clone(), [], []
     ids = inputs["input_ids"]
-    config = model.config
-    enc_dec = bool(getattr(config, "is_encoder_decoder", False))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if enc_dec:
-            enc = model.get_encoder()(input_ids=ids)
-            dec = ids[:, :7]
-            out = model(encoder_outputs=enc, decoder_input_ids=dec, use_cache=True)
-        else:
-            out = model(input_ids=ids, use_cache=True) if _takes(model, "use_cache") else model(input_ids=ids)
-        first = getattr(out, "logits", None)
-        if first is None:
-            first = out[0]
-        prefill = first.detach().clone()
-        logits: list[torch.Tensor] = []
-        tokens: list[int] = []
-        cache = getattr(out, "past_key_values", None)
-        if getattr(out, "logits", None) is None or cache is None:
-            return prefill, logits, tokens
-        for _ in range(steps):
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(int(nxt))
-            if enc_dec:
-                out = model(encoder_outputs=enc, decoder_input_ids=nxt, past_key_values=out.past_key_values,
-                            use_cache=True)
-            else:
-                out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-            logits.append(out.logits[:, -1].detach().clone())
+        out = model(input_ids=ids, use_cache=True) if _takes(model, "use_cache") else model(input_ids=ids)
+        return _greedy(out, steps, lambda nxt, cache: model(input_ids=nxt, past_key_values=cache, use_cache=True))
+
+
+def _greedy(out: Any, steps: int, step: Callable[[torch.Tensor, Any], Any]
+            ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    """The prefill output ``out``'s logits (or first output), then ``steps`` cached greedy steps."""
+    first = getattr(out, "logits", None)
+    if first is None:
+        first = out[0]
+    prefill = first.detach().clone()
+    logits: list[torch.Tensor] = []
+    tokens: list[int] = []
+    if getattr(out, "logits", None) is None or getattr(out, "past_key_values", None) is None:
+        return prefill, logits, tokens
+    for _ in range(steps):
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(int(nxt))
+        out = step(nxt, out.past_key_values)
+        logits.append(out.logits[:, -1].detach().clone())
     return prefill, logits, tokens
 
 
@@ -600,9 +615,10 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
 
 def _positional_modules(model: torch.nn.Module) -> list[str]:
     """The modules of ``model`` that look like position rules (a class named rotary/RoPE/ALiBi, or a relative
-    attention bias), whatever contract they follow."""
+    attention bias: ``relative_attention_bias``, LayoutLM's ``rel_pos_bias``), whatever contract they follow."""
     return [name for name, m in model.named_modules()
-            if re.search(r"rotary|rope|alibi", type(m).__name__, re.I) or "relative_attention_bias" in m._modules]
+            if re.search(r"rotary|rope|alibi", type(m).__name__, re.I)
+            or any(re.match(r"relative_attention_bias|rel_pos(_[a-z]+)?_bias", child) for child in m._modules)]
 
 
 class _Said(logging.Handler):
