@@ -86,6 +86,10 @@ def _shrink(config: Any, seen: set[int]) -> None:
     if id(config) in seen:
         return
     seen.add(id(config))
+    own = vars(config)
+    # multi-head attention stays multi-head (ESM C's key norm spans all heads): one key head per query head
+    mha = isinstance(own.get("num_key_value_heads"), int) and own.get("num_key_value_heads") == own.get(
+        "num_attention_heads")
     for name, value in list(vars(config).items()):
         if value is None and name in _SIZES and name not in _DERIVED and hasattr(config, "hidden_size"):
             setattr(config, name, _SIZES[name])        # left for a checkpoint to give (MiniStral's head_dim)
@@ -125,6 +129,8 @@ def _shrink(config: Any, seen: set[int]) -> None:
                                                                                  1.0) or 1.0))) // 2
         if isinstance(params.get("mrope_section"), list):
             params["mrope_section"] = _sections(params["mrope_section"], half)
+    if mha:
+        config.num_key_value_heads = own["num_attention_heads"]
     kv = _get(config, "num_key_value_heads")
     heads = _get(config, "num_attention_heads")
     if isinstance(kv, int) and isinstance(heads, int) and heads % kv:
