@@ -649,9 +649,9 @@ def _varlen_attention(q, k, v, cu: tuple, extra: tuple, encoding, given: _Option
     if given.seq_len is None and getattr(encoding, "length_dependent", False):
         # each sequence alone has its own length, hence its own frequencies: one call per sequence
         call = {"encoding": encoding, "causal": given.causal, "dropout_p": given.dropout_p, "scale": given.scale,
-                   "assume_valid": given.assume_valid, "keys_rotated": given.keys_rotated, "backend": given.backend,
-                   "window": structure.window, "chunk": structure.chunk, "temperature": structure.temperature,
-                   "sinks": structure.sinks}
+                "assume_valid": given.assume_valid, "keys_rotated": given.keys_rotated, "backend": given.backend,
+                "window": structure.window, "chunk": structure.chunk, "temperature": structure.temperature,
+                "sinks": structure.sinks}
         outs = [attention(q4[:, :, a:b], k4[:, :, ak:bk], v4[:, :, ak:bk], **call)[0]             # (H, len, D)
                 for (a, b), (ak, bk) in zip(_pairs(cu_q), _pairs(cu_k), strict=True) if a < b]
         out = torch.cat(outs, 1) if outs else q4[0, :, :0]
