@@ -427,7 +427,13 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
 
     if first == "input_ids" and set(required) <= {"input_ids"}:
         top = _vocabulary(model)
-        yield lambda: {"input_ids": torch.randint(3, top, (1, length), generator=torch.Generator().manual_seed(1))}
+        ids = lambda: torch.randint(3, top, (1, length), generator=torch.Generator().manual_seed(1))  # noqa: E731
+        if _takes(model, "bbox"):       # a document model: a box per token, left to right, as integer
+            corners = (torch.arange(length)[:, None] * 20 + torch.tensor([0, 0, 15, 10])).clamp(max=1000)  # (S, 4)
+            yield lambda: {"input_ids": ids(), "bbox": corners[None]}             # coordinates (LayoutLM)
+            yield lambda: {"input_ids": ids(), "bbox": corners[None] / 1000}      # or in [0, 1] (UDOP)
+            return
+        yield lambda: {"input_ids": ids()}
         return
     if first == "inputs_embeds" and set(required) <= {"inputs_embeds"} and _int(config, "hidden_size", "d_model"):
         yield lambda: {"inputs_embeds": seeded((1, length, _int(config, "hidden_size", "d_model")))}
