@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 import torch
 
 from posenc import _validate
+from posenc._deprecate import renamed
 
 #: ``"auto"``: the Triton kernel for CUDA tensors when Triton imports and the kernel takes the case
 #: (4-D q/k with the sequence on axis 1 or 2, float16/bfloat16/float32), else the torch engine.
@@ -36,6 +38,13 @@ def triton_available(device: torch.device) -> bool:
 def check_rope_engine(engine: object) -> str:
     """``engine`` if it is one of :data:`ROPE_ENGINES`, else ``ValueError`` listing them."""
     return _validate.check_choice("engine", engine, ROPE_ENGINES)
+
+
+def engine_from_backend(where: str, backend: Any, engine: Any) -> Any:
+    """The ``engine=`` of a call of ``where`` that passed the keyword's old name, ``backend=`` (deprecated):
+    a ``DeprecationWarning`` (none while tracing), or ``TypeError`` if both were given.  Callers test
+    ``backend is not UNSET`` first, so a call with the new name pays nothing."""
+    return renamed(where, "backend", "engine", backend, engine, "auto", tracing=torch.compiler.is_compiling())
 
 
 def kernel_limits(x: torch.Tensor, seq_dim: int | None) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
 from posenc._torch.angles import check_float64_available, exact_cos_sin, has_float64
 from posenc._torch.checks import (
     check_float_dtype,
@@ -23,6 +23,7 @@ from posenc._torch.checks import (
     check_position_range,
     check_positions,
 )
+from posenc._torch.engine_choice import engine_from_backend
 from posenc.core import axial as core_axial
 from posenc.core import exact as core_exact
 from posenc.core.rope import ROPE_LAYOUTS
@@ -179,8 +180,7 @@ def apply_axial_rope(
         tensor([[1.0000, 0.0000, 0.5403, 0.8415]])
     """
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("apply_axial_rope", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("apply_axial_rope", backend, engine)
     _validate.check_choice("layout", layout, ROPE_LAYOUTS)
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if check_float_tensor(name, t).dim() == 0:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
 from posenc._torch import plans
 from posenc._torch.checks import (
     check_float_tensor,
@@ -30,6 +30,7 @@ from posenc._torch.checks import (
     share_memory,
 )
 from posenc._torch.engine_choice import (
+    engine_from_backend,
     kernel_limits,
     kernel_possible,
 )
@@ -171,8 +172,7 @@ def rope_and_cache(
         Serving with PagedAttention" (the paged cache).
     """
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("rope_and_cache", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("rope_and_cache", backend, engine)
     key = None
     T = torch.Tensor
     if (type(q) is T and type(k) is T and type(v) is T and type(k_cache) is T and type(v_cache) is T

@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
 from posenc._torch import plans
 from posenc._torch.checks import check_float_tensor, check_position_args, check_qk, check_same_device
+from posenc._torch.engine_choice import engine_from_backend
 from posenc._torch.rope_call import (
     check_table_options,
     choose_engine,
@@ -129,8 +130,7 @@ def rms_norm_rope_qk(
         al. 2021, "RoFormer" (arXiv:2104.09864); Qwen3, Gemma 3 and OLMo 2 technical reports.
     """
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("rms_norm_rope_qk", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("rms_norm_rope_qk", backend, engine)
     key = None
     T = torch.Tensor
     if (assume_in_table is UNSET and type(q) is T and (k is None or type(k) is T) and type(q_weight) is T

@@ -25,7 +25,7 @@ import math
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
 from posenc._torch import plans
 from posenc._torch.angles import check_float64_available, exact_cos_sin
 from posenc._torch.checks import (
@@ -40,6 +40,7 @@ from posenc._torch.checks import (
 )
 from posenc._torch.engine_choice import (
     check_rope_engine,
+    engine_from_backend,
     kernel_limits,
     kernel_possible,
 )
@@ -327,8 +328,7 @@ def apply_rope(
         tensor([[0.5403, 0.8415]])
     """
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("apply_rope", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("apply_rope", backend, engine)
     h = _check_rope_args(x, cos, sin, layout)
     engine = check_rope_engine(engine)
     _validate.check_bool("inplace", inplace)
@@ -437,8 +437,7 @@ def apply_rope_qk(
         True
     """
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("apply_rope_qk", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("apply_rope_qk", backend, engine)
     if rounding != "exact":
         _check_model_rounding(rounding, engine)
     if rotary_slice != "first":

@@ -21,7 +21,7 @@ from posenc._torch.checks import (
     from_table,
     inplace_pair_overlaps,
 )
-from posenc._torch.engine_choice import check_rope_engine
+from posenc._torch.engine_choice import check_rope_engine, engine_from_backend
 from posenc._torch.rope_call import check_flags, check_head_dim, choose_engine, promise
 from posenc._torch.rows import check_given_rows, clamp_in_table
 from posenc._torch.tables import TableModule
@@ -133,8 +133,7 @@ class AxialRotaryEmbedding(TableModule):
         max_positions: Any = UNSET,
     ) -> None:
         if backend is not UNSET:                 # the old name of engine=
-            engine = renamed("AxialRotaryEmbedding", "backend", "engine", backend, engine, "auto",
-                             tracing=torch.compiler.is_compiling())
+            engine = engine_from_backend("AxialRotaryEmbedding", backend, engine)
         super().__init__()
         max_seq_len = renamed("AxialRotaryEmbedding", "max_positions", "max_seq_len", max_positions, max_seq_len, None)
         self.axes_dims = core_axial.check_axes_dims(axes_dims)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed, renamed_attribute
+from posenc._deprecate import UNSET, renamed_attribute
 from posenc._torch.angles import angle_dtype, exact_cos_sin, has_float64, host_sin_cos, working_dtype
 from posenc._torch.checks import (
     check_float_dtype,
@@ -18,7 +18,7 @@ from posenc._torch.checks import (
     check_same_device,
     from_table,
 )
-from posenc._torch.engine_choice import check_rope_engine
+from posenc._torch.engine_choice import check_rope_engine, engine_from_backend
 from posenc._torch.rope_call import check_flags, check_head_dim, choose_engine, feed, promise
 from posenc._torch.rows import check_given_rows, clamp_in_table
 from posenc._torch.tables import TableModule
@@ -116,8 +116,7 @@ class MultimodalRotaryEmbedding(TableModule):
         device: torch.device | str | None = None,
     ) -> None:
         if backend is not UNSET:                 # the old name of engine=
-            engine = renamed("MultimodalRotaryEmbedding", "backend", "engine", backend, engine, "auto",
-                             tracing=torch.compiler.is_compiling())
+            engine = engine_from_backend("MultimodalRotaryEmbedding", backend, engine)
         super().__init__()
         self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
         self.engine = check_rope_engine(engine)
@@ -178,8 +177,7 @@ class MultimodalRotaryEmbedding(TableModule):
         logger, and a ``layout`` that contradicts the model type warns with :class:`posenc.LayoutWarning`.
         """
         if backend is not UNSET:                 # the old name of engine=
-            engine = renamed("MultimodalRotaryEmbedding.from_hf_config", "backend", "engine", backend, engine, "auto",
-                             tracing=torch.compiler.is_compiling())
+            engine = engine_from_backend("MultimodalRotaryEmbedding.from_hf_config", backend, engine)
         base, rotary_dim, scaling, section, interleaved = core_hf_config.mrope_from_hf(config)
         layout = core_hf_config.choose_rope_layout(config, layout, who="MultimodalRotaryEmbedding.from_hf_config",
                                                    rotary_dim=rotary_dim)

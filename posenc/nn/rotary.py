@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed, renamed_attribute
+from posenc._deprecate import UNSET, renamed_attribute
 from posenc._torch import exact32, plans
 from posenc._torch.angles import angle_dtype, exact_cos_sin, float64_cos_sin, has_float64, host_sin_cos, working_dtype
 from posenc._torch.checks import (
@@ -18,7 +18,7 @@ from posenc._torch.checks import (
     check_same_device,
     check_seq_len,
 )
-from posenc._torch.engine_choice import check_rope_engine
+from posenc._torch.engine_choice import check_rope_engine, engine_from_backend
 from posenc._torch.rope_call import (
     check_call,
     check_flags,
@@ -162,8 +162,7 @@ class RotaryEmbedding(TableModule):
         device: torch.device | str | None = None,
     ) -> None:
         if backend is not UNSET:                 # the old name of engine=
-            engine = renamed("RotaryEmbedding", "backend", "engine", backend, engine, "auto",
-                             tracing=torch.compiler.is_compiling())
+            engine = engine_from_backend("RotaryEmbedding", backend, engine)
         super().__init__()
         self.dim, self.max_seq_len, self.base, self.layout = core_rope.check_rotary_args(dim, max_seq_len, base, layout)
         self.engine = check_rope_engine(engine)
@@ -241,8 +240,7 @@ class RotaryEmbedding(TableModule):
         the weights once with ``posenc.convert_rope_weight(w, num_heads, src=<config's>, dst=layout)``.
         """
         if backend is not UNSET:                 # the old name of engine=
-            engine = renamed("RotaryEmbedding.from_hf_config", "backend", "engine", backend, engine, "auto",
-                             tracing=torch.compiler.is_compiling())
+            engine = engine_from_backend("RotaryEmbedding.from_hf_config", backend, engine)
         base, rotary_dim, scaling = core_hf_config.rope_scaling_from_hf(config, layer_type=layer_type)
         layout = core_hf_config.choose_rope_layout(config, layout, who="RotaryEmbedding.from_hf_config",
                                                    rotary_dim=rotary_dim)

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
+from posenc._torch.engine_choice import engine_from_backend
 from posenc.core.schedule import PositionSchedule, RopeSpec
 from posenc.nn.rotary import RotaryEmbedding
 
@@ -47,8 +48,7 @@ def schedule_from_hf(
         (['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType'], [32, 32, 32, None])
     """
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("schedule_from_hf", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("schedule_from_hf", backend, engine)
     max_seq_len = _validate.check_int("max_seq_len", max_seq_len, minimum=1)
 
     def build(spec: RopeSpec) -> RotaryEmbedding:

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from posenc import _validate
-from posenc._deprecate import UNSET, renamed
+from posenc._deprecate import UNSET
+from posenc._torch.engine_choice import engine_from_backend
 from posenc._torch.rope_call import promise
 from posenc.core import hf_config as core_hf_config
 from posenc.integrations.transformers._bias import _plan_bloom, _plan_mpnet, _plan_mpt, _plan_t5
@@ -69,8 +70,7 @@ def patch_model(model: torch.nn.Module, *, engine: str | None = "auto", assume_v
             module and why, and the model is left unchanged.
     """
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("patch_model", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("patch_model", backend, engine)
     if assume_in_table is not UNSET:
         assume_valid = promise("patch_model", assume_in_table, assume_valid)
     _patch(model, assume_valid, engine)
@@ -100,8 +100,7 @@ def patched(model: torch.nn.Module, *, engine: str | None = "auto", assume_valid
     ``engine`` and ``assume_valid`` as for :func:`patch_model` (``assume_in_table`` is the deprecated old
     name of ``assume_valid``)."""
     if backend is not UNSET:                 # the old name of engine=
-        engine = renamed("patched", "backend", "engine", backend, engine, "auto",
-                         tracing=torch.compiler.is_compiling())
+        engine = engine_from_backend("patched", backend, engine)
     if assume_in_table is not UNSET:
         assume_valid = promise("patched", assume_in_table, assume_valid)
     done = _patch(model, assume_valid, engine)
