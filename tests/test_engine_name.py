@@ -27,7 +27,7 @@ def _public_signatures():
         for name in module.__all__:
             obj = getattr(module, name)
             members = [getattr(obj, m) for m in ("__init__", "from_hf_config", "forward", "rotate", "cos_sin")
-                       if inspect.isclass(obj) and m in vars(obj)] if inspect.isclass(obj) else [obj]
+                       if m in vars(obj)] if inspect.isclass(obj) else [obj]
             for fn in members:
                 if callable(fn):
                     try:

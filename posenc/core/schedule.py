@@ -63,8 +63,7 @@ def check_window(window: Any, name: str = "window") -> int | None:
                          f"pass None for full attention")
     if window > _LARGEST:
         raise ValueError(f"{name}={window} is larger than any sequence (positions are 64-bit integers, at most "
-                         f"2**62 here); "
-                         f"pass None for full attention")
+                         f"2**62 here); pass None for full attention")
     return int(window)
 
 

@@ -80,7 +80,7 @@ def encoding_styles(names: Sequence[str]) -> dict[str, tuple[str, str, str]]:
     bases = [n for n in names if not n.startswith("rope+")]
     rules = [n for n in names if n.startswith("rope+")]
     others = [n for n in bases if n not in registered]
-    palette = iter(c for c in _MORE_COLORS)
+    palette = iter(_MORE_COLORS)
     colors = {**_CLASSIC_COLORS, **{n: next(palette) for n in registered[len(_CLASSIC_COLORS):]}}
     spare = list(palette)
     for i, name in enumerate(rules + others):                 # rules and unregistered names: the colours left
