@@ -12,6 +12,7 @@ which nothing was patched (every positional module left as the model's own) coun
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import re
@@ -30,7 +31,9 @@ STEPS = 8
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "encoder_layers",
            "decoder_layers", "num_encoder_layers")
 _SIZES = {
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "cross_attention_hidden_size"), 64),
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "cross_attention_hidden_size",
+                     "depthwise_separable_out_channel", "ext_pw_out_channel",    # (Phi-4's audio convolutions)
+                     "adapter_input_size", "audio_hidden_size"), 64),                                # (Dots3, Nemotron 3 audio)
     **dict.fromkeys(("intermediate_size", "d_ff", "ffn_dim", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
                      "ffn_hidden_size"), 128),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
@@ -143,6 +146,12 @@ def _shrink(config: Any, seen: set[int]) -> None:
         config.layer_types = picked
     if layers is not None:
         _keep_attention(config, layers, types)
+    blocks = own.get("layers_block_type")
+    if isinstance(own.get("hybrid_layer_ids"), list) and isinstance(blocks, list):   # Zamba 2: derived when made
+        config.hybrid_layer_ids = [i for i, kind in enumerate(blocks) if kind == "hybrid"]
+    picked = own.get("intermediate_layers_indices")          # layers whose outputs a vision tower keeps (Mllama)
+    if layers is not None and isinstance(picked, list) and any(i >= layers for i in picked):
+        config.intermediate_layers_indices = list(range(layers))
     for value in list(vars(config).values()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
             _shrink(value, seen)
@@ -315,6 +324,8 @@ def build(model_type: str, seed: int = 0) -> torch.nn.Module:
         found = re.search(r"""get\(["']mrope_section["'], \[(\d+), (\d+), (\d+)\]\)""", source)
         _mrope_defaults(model_type, config, set(), [int(v) for v in found.groups()] if found else None)
     _give_attention(config, source)
+    if "create_position_ids_from_input_ids(" in source and getattr(config, "pad_token_id", 0) is None:
+        config.pad_token_id = 1                  # RoBERTa-style positions count from the padding id (ESM)
     for mapping in _HEADS:
         name = getattr(modeling_auto, mapping).get(model_type)
         if isinstance(name, (tuple, list)):
@@ -353,7 +364,7 @@ def _inputs(model: torch.nn.Module, length: int) -> dict[str, torch.Tensor]:
         return options[0]()
     errors = []
     # an encoder-decoder reads these inputs in its encoder (the decoder's come in run())
-    probe = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else model
+    probe = model.get_encoder() if _encoder_decoder(model) else model
     for make in options:
         try:
             with torch.no_grad(), warnings.catch_warnings():
@@ -393,12 +404,15 @@ def _vocabulary(model: torch.nn.Module) -> int:
     return min(150, size) if isinstance(size, int) and size > 8 else 150
 
 
-def _required(model: torch.nn.Module) -> list[str]:
-    import inspect
+def _required(model: torch.nn.Module, nullable: bool = True) -> list[str]:
+    """The forward's arguments without a default (``nullable=False``: less those whose annotation allows
+    None, such as Phi-4's audio ``mask``, which the sweep passes as None)."""
+
 
     params = inspect.signature(type(model).forward).parameters.values()
     return [p.name for p in params if p.name != "self" and p.default is p.empty
-            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            and (nullable or "None" not in str(p.annotation))]
 
 
 def _int(config: Any, *names: str, default: int | None = None) -> int | None:
@@ -416,11 +430,13 @@ def _int(config: Any, *names: str, default: int | None = None) -> int | None:
 
 def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], dict[str, torch.Tensor]]]:
     """Input makers for ``model``: token ids, or an image (as pixels, or as the flattened patches of a
-    ``grid_thw`` of 1 x 4 x 4 patches (a multiple of the spatial merge)), or audio features or samples."""
+    ``grid_thw`` of 1 x 4 x 4 patches (a multiple of the spatial merge), or as Pix2Struct's patches led by
+    their row and column), or audio features or samples (with their lengths where the model takes them)."""
     name = getattr(model, "main_input_name", "input_ids")
-    required = _required(model)
+    required = _required(model, nullable=False)
     config = model.config
     first = name if name in required or not required else required[0]
+    nones = {n: None for n in set(_required(model)) - set(required) - {first}}
 
     def seeded(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(*shape, generator=torch.Generator().manual_seed(1))
@@ -428,15 +444,15 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
     if first == "input_ids" and set(required) <= {"input_ids"}:
         top = _vocabulary(model)
         ids = lambda: torch.randint(3, top, (1, length), generator=torch.Generator().manual_seed(1))  # noqa: E731
-        if _takes(model, "bbox"):       # a document model: a box per token, left to right, as integer
+        if _names(model, "bbox"):       # a document model: a box per token, left to right, as integer
             corners = (torch.arange(length)[:, None] * 20 + torch.tensor([0, 0, 15, 10])).clamp(max=1000)  # (S, 4)
             yield lambda: {"input_ids": ids(), "bbox": corners[None]}             # coordinates (LayoutLM)
             yield lambda: {"input_ids": ids(), "bbox": corners[None] / 1000}      # or in [0, 1] (UDOP)
             return
-        yield lambda: {"input_ids": ids()}
+        yield lambda: {"input_ids": ids(), **nones}
         return
     if first == "inputs_embeds" and set(required) <= {"inputs_embeds"} and _int(config, "hidden_size", "d_model"):
-        yield lambda: {"inputs_embeds": seeded((1, length, _int(config, "hidden_size", "d_model")))}
+        yield lambda: {"inputs_embeds": seeded((1, length, _int(config, "hidden_size", "d_model"))), **nones}
         return
     if first == "past_values" and set(required) <= {"past_values"}:            # a time series
         yield lambda: {"past_values": seeded((1, 256))}
@@ -446,18 +462,28 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
     temporal = _int(config, "temporal_patch_size", default=1)
     merge = _int(config, "spatial_merge_size", "merge_size", "spatial_merge", default=2)
     mels = _int(config, "num_mel_bins", "feature_size", "n_mels", "input_feat_size", "mel_bins", "num_mels",
-                "input_dim")
+                "input_dim", "input_size")
+    tiles = _int(config, "max_num_tiles", default=1)
     side = 2 * merge if merge <= 4 else merge                 # patches per side of the grid
     count = side * side
     grid = torch.tensor([[1, side, side]])
     extras = {"grid_thw": lambda: grid, "image_grid_thw": lambda: grid, "merge_sizes": lambda: torch.tensor([merge]),
               "pixel_position_ids": lambda: torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side),
                                                                         indexing="ij"), -1).reshape(1, count, 2),
-              "audio_mel_mask": lambda: torch.zeros(1, 64, dtype=torch.bool)}
+              "audio_mel_mask": lambda: torch.zeros(1, 64, dtype=torch.bool),
+              # 64 frames of audio as waveform samples (Dots3's chunk lengths)
+              "chunk_sample_lengths": lambda: torch.tensor([64 * (_int(config, "hop_length") or 160)]),
+              # one image of every tile, its aspect ratio the first (Mllama)
+              "aspect_ratio_ids": lambda: torch.tensor([[1]]),
+              "aspect_ratio_mask": lambda: torch.ones(1, 1, tiles, dtype=torch.long)}
     if not set(required) - {first} <= set(extras):
         return
-    shapes: list[tuple[int, ...]] = []
     widths = _first_widths(model)                            # what the first layer takes
+    if first == "flattened_patches" and widths:              # Pix2Struct: row, column, then the patch's pixels
+        where = torch.stack(torch.meshgrid(torch.arange(1, side + 1), torch.arange(1, side + 1), indexing="ij"), -1)
+        yield lambda: {first: torch.cat([where.reshape(1, count, 2).float(), seeded((1, count, widths[0]))], -1)}
+        return
+    shapes: list[tuple[int, ...]] = []
     if first in ("pixel_values", "hidden_states", "patch_embeds") and patch:
         flats = dict.fromkeys([channels * temporal * patch * patch, channels * patch * patch] + widths)
         if "grid_thw" in required or "image_grid_thw" in required:
@@ -470,23 +496,42 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
         shapes += [(1, channels, side * patch, side * patch), (count, channels, temporal, patch, patch),
                    (count, channels, patch, patch), (1, count, channels, patch, patch)]
     image = _int(config, "image_size", "img_size")
+    if first == "pixel_values" and image and "aspect_ratio_ids" in required:
+        shapes.append((1, 1, tiles, channels, image, image))
+    audio = first in ("input_features", "audio_mel") or (first == "hidden_states" and not patch and mels)
+    lengths: dict[str, Callable[[], torch.Tensor]] = {}
     if first == "pixel_values" and image:                    # models whose position table fixes the image size
         shapes.append((1, channels, image, image))
-    elif first in ("input_features", "audio_mel"):
+    elif first == "pixel_values" and not patch:              # a convolutional backbone: any size (an image pair
+        shapes += [(1, channels, 64, 64), (1, 2, channels, 64, 64), (1, channels, 128, 128)]  # for matchers)
+    elif audio:
         for width in dict.fromkeys(([mels] if mels else []) + widths + [128, 80]):   # (the usual mel counts)
             shapes += [(1, width, 64), (1, 64, width)]
         shapes += [(1, mels or 128, 3000)]
+        if _names(model, "feature_lens") and mels:           # (Qwen-Omni: the clips' frames side by side)
+            shapes.insert(0, (mels, 64))
+            lengths = {"feature_lens": lambda: torch.tensor([64])}
     elif first == "input_values":
-        shapes += [(1, 3200), (1, 1, 3200)]
+        shapes += [(1, 3200), (1, 1, 3200), (1, 3840), (1, 1, 3840)]     # (3840: whole 1920-sample frames)
     for shape in shapes:
-        yield lambda shape=shape: {first: seeded(shape), **{k: extras[k]() for k in required if k != first}}
+        yield lambda shape=shape: {first: seeded(shape), **nones, **{k: extras[k]() for k in required if k != first},
+                                   **({k: make() for k, make in lengths.items()} if len(shape) == 2 else {})}
+    optional = [k for k in ("grid_thw", "image_grid_thw") if k not in required and _names(model, k)]
+    for shape in shapes if optional and first == "pixel_values" else []:     # then with the patch grid it
+        yield lambda shape=shape: {first: seeded(shape), **nones, optional[0]: grid}   # may take (PaddleOCR-VL)
+
+
+#: models whose own cache fails in transformers (HRM-Text's decode step indexes a cache layer it did not
+#: make): their first, unpatched run fell back to a prefill without a cache, and so do the later ones
+_UNCACHED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+_RAN: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
     """The prefill output, and the logits and tokens of ``steps`` cached greedy steps (none for models
     without a cache or logits)."""
     inputs = _inputs(model, length)
-    enc_dec = bool(getattr(model.config, "is_encoder_decoder", False))
+    enc_dec = _encoder_decoder(model)
     if enc_dec and ("input_ids" in inputs or _takes(model, "decoder_input_ids")):
         # text to text, or speech to text (Moonshine: the encoder reads the audio); the decoder starts
         # from 7 token ids and continues greedily against the encoder's output
@@ -507,8 +552,30 @@ def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[t
     ids = inputs["input_ids"]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = model(input_ids=ids, use_cache=True) if _takes(model, "use_cache") else model(input_ids=ids)
-        return _greedy(out, steps, lambda nxt, cache: model(input_ids=nxt, past_key_values=cache, use_cache=True))
+        if not _takes(model, "use_cache"):
+            return _greedy(model(input_ids=ids), steps, lambda nxt, cache: None)
+        if model in _UNCACHED:
+            return _greedy(model(input_ids=ids, use_cache=False), 0, lambda nxt, cache: None)
+        try:
+            out = model(input_ids=ids, use_cache=True)
+            result = _greedy(out, steps, lambda nxt, cache: model(input_ids=nxt, past_key_values=cache,
+                                                                   use_cache=True))
+        except _Timeout:
+            raise
+        except Exception:                               # noqa: BLE001 -- decided on the first (unpatched) run
+            if model in _RAN:
+                raise
+            _RAN[model] = _UNCACHED[model] = True
+            return _greedy(model(input_ids=ids, use_cache=False), 0, lambda nxt, cache: None)
+        _RAN[model] = True
+        return result
+
+
+def _encoder_decoder(model: torch.nn.Module) -> bool:
+    """An encoder and a decoder: said by the configuration, or by a forward that takes decoder inputs
+    (Pix2Struct, whose top-level configuration does not say)."""
+    return bool(getattr(model.config, "is_encoder_decoder", False)) or (
+        _names(model, "decoder_input_ids") and hasattr(model, "get_encoder"))
 
 
 def _greedy(out: Any, steps: int, step: Callable[[torch.Tensor, Any], Any]
@@ -531,10 +598,15 @@ def _greedy(out: Any, steps: int, step: Callable[[torch.Tensor, Any], Any]
 
 
 def _takes(model: torch.nn.Module, name: str) -> bool:
-    import inspect
+
 
     params = inspect.signature(type(model).forward).parameters
     return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def _names(model: torch.nn.Module, name: str) -> bool:
+    """The forward names this argument (not only takes any keyword, as :func:`_takes` also accepts)."""
+    return name in inspect.signature(type(model).forward).parameters
 
 
 def _diff(a: Any, b: Any) -> float:
@@ -627,10 +699,12 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
 
 def _positional_modules(model: torch.nn.Module) -> list[str]:
     """The modules of ``model`` that look like position rules (a class named rotary/RoPE/ALiBi, or a relative
-    attention bias: ``relative_attention_bias``, LayoutLM's ``rel_pos_bias``), whatever contract they follow."""
+    attention bias, as a module or a parameter: ``relative_attention_bias``, LayoutLM's ``rel_pos_bias``,
+    CPM-Ant's), whatever contract they follow."""
     return [name for name, m in model.named_modules()
             if re.search(r"rotary|rope|alibi", type(m).__name__, re.I)
-            or any(re.match(r"relative_attention_bias|rel_pos(_[a-z]+)?_bias", child) for child in m._modules)]
+            or any(re.match(r"relative_attention_bias|rel_pos(_[a-z]+)?_bias", child)
+                   for child in [*m._modules, *m._parameters])]
 
 
 class _Said(logging.Handler):

@@ -27,7 +27,7 @@ SAMPLE = {
     # vision and audio encoders fed synthetic grids and features; hybrids that keep one attention layer
     "qwen2_vl_vision": "axial", "glm4v_vision": "axial", "minimax_m3_vl_vision": "axial", "sam3_vit_model": "axial",
     "gemma4_vision": "axial", "llama4_vision_model": "axial", "lasr_encoder": "rotary", "lfm3": "rotary",
-    "recurrent_gemma": "rotary",
+    "recurrent_gemma": "rotary", "pix2struct": "t5",
 }
 SLOW = {"qwen3_next", "gpt_oss", "gemma3n_text", "qwen3_vl", "glm4v", "longt5", "deepseek_v3"}
 
@@ -166,6 +166,34 @@ def test_a_t5_bias_whose_max_distance_equals_the_exact_range_is_refused_up_front
     with pytest.raises(ValueError, match=r"relative_attention_max_distance=8 must exceed the exact range 8"):
         patch_model(model)
     assert not any("_posenc_patch" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize(("model_type", "holder"), [("cpmant", "CpmAntSegmentPositionEmbedding"),
+                                                    ("layoutlmv3", "LayoutLMv3Encoder")])
+def test_a_relative_bias_of_another_contract_is_named_in_the_refusal(model_type, holder):
+    """A model whose only positions are a relative bias no adapter recognises is not told it has learned
+    or sinusoidal absolute positions: the refusal names the module that holds the bias."""
+    try:
+        model = hf_zoo.build(model_type)
+    except Exception as e:                                   # noqa: BLE001 -- a package this type needs
+        pytest.skip(f"{model_type} cannot be built here: {e}")
+    with pytest.raises(ValueError, match=rf"relative position biases of another contract \({holder}\)"):
+        patch_model(model)
+
+
+def test_pix2struct_text_attention_which_does_not_say_its_direction_gets_the_direction_its_buckets_have():
+    """Pix2Struct's text attention has no ``is_decoder``; its ``compute_bias`` always buckets in one
+    direction.  The adapter finds that direction by reproducing ``compute_bias`` and uses it, not a guess:
+    the bias it installs equals the model's for queries after a cache."""
+    model = hf_zoo.build("pix2struct")
+    owners = [m for m in model.modules() if hasattr(m, "relative_attention_bias") and not hasattr(m, "is_decoder")]
+    assert owners, "the text attention of Pix2Struct no longer lacks is_decoder; this test guards nothing"
+    want = [type(m).compute_bias(m, 5, 300, past_seen_tokens=295) for m in owners]
+    patch_model(model)
+    for m, expected in zip(owners, want, strict=True):
+        got = m.compute_bias(5, 300, past_seen_tokens=295)
+        assert torch.equal(got, expected)
+    unpatch_model(model)
 
 
 def test_a_rotary_module_holding_a_wrapper_config_is_read_through_its_text_config():

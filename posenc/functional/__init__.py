@@ -6,7 +6,7 @@ from posenc.functional.cache import rope_and_cache
 from posenc.functional.mrope import mrope_cos_sin, mrope_positions
 from posenc.functional.norm_rope import rms_norm_rope_qk
 from posenc.functional.positions import positions_from_cu_seqlens, positions_from_mask, positions_from_segment_ids
-from posenc.functional.relative import relative_distances, relative_position_bucket
+from posenc.functional.relative import clipped_relative_position, relative_distances, relative_position_bucket
 from posenc.functional.resize import resize_position_embedding
 from posenc.functional.rope import (
     apply_rope,
@@ -29,6 +29,7 @@ __all__ = [
     "attention_temperature",
     "attention_window_mask",
     "axial_cos_sin",
+    "clipped_relative_position",
     "convert_rope_weight",
     "grid_positions",
     "layout_permutation",

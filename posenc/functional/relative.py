@@ -1,4 +1,5 @@
-"""T5 relative position buckets (Raffel et al. 2020) and relative distances: pure torch functions."""
+"""T5 relative position buckets (Raffel et al. 2020), clipped relative positions (Shaw et al. 2018) and
+relative distances: pure torch functions."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from posenc._torch.checks import check_positions
 from posenc.core import relative as core_relative
 
-__all__ = ["relative_distances", "relative_position_bucket"]
+__all__ = ["clipped_relative_position", "relative_distances", "relative_position_bucket"]
 
 _FAR = 2**62
 
@@ -124,3 +125,42 @@ def bucket_of_distances(relative_position: torch.Tensor, thresholds: tuple[int, 
     boundaries = torch.tensor(thr, dtype=torch.long, device=rp.device)
     far = (max_exact + torch.bucketize(n, boundaries, right=True)).clamp(max=per_side - 1)
     return offset + torch.where(n < max_exact, n, far)
+
+
+def clipped_relative_position(
+    relative_position: torch.Tensor,
+    *,
+    max_distance: int,
+    min_distance: int | None = None,
+    symmetric: bool = False,
+) -> torch.Tensor:
+    """Index of each ``key - query`` distance into a learned table of clipped relative positions.
+
+    Shaw, Uszkoreit and Vaswani, "Self-Attention with Relative Position Representations" (2018): every
+    distance beyond the window shares the embedding of the window's edge, so the table has one row per
+    distance in ``[min_distance, max_distance]``.  The index is ``clip(d, min_distance, max_distance)
+    - min_distance``; with ``symmetric`` a distance and its negation share a row, ``|clip(d, ...)|``.
+
+    Args:
+        relative_position: integer tensor of ``key_position - query_position`` (any shape).
+        max_distance: the largest distance with its own row (``K`` in the paper).
+        min_distance: the most negative one; ``-max_distance`` (the paper's window) when omitted.
+            Conformer-style audio encoders (Phi-4-multimodal's) use ``-M`` and ``M - 1``.
+        symmetric: index by the clipped distance's magnitude.
+
+    Returns:
+        int64 indices, the shape of ``relative_position``: in ``[0, max_distance - min_distance]``, or
+        ``[0, max(max_distance, -min_distance)]`` with ``symmetric``.
+
+    Examples:
+        >>> clipped_relative_position(torch.tensor([-9, -2, 0, 1, 2, 9]), max_distance=2)
+        tensor([0, 0, 2, 3, 4, 4])
+    """
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
+        raise ValueError(f"max_distance must be an int >= 0, got {max_distance!r}")
+    low = -max_distance if min_distance is None else min_distance
+    if isinstance(low, bool) or not isinstance(low, int) or low > 0:
+        raise ValueError(f"min_distance must be an int <= 0 (the most negative distance with its own row), "
+                         f"got {min_distance!r}")
+    clipped = check_positions("relative_position", relative_position).long().clamp(low, max_distance)
+    return clipped.abs() if symmetric else clipped - low

@@ -1,7 +1,9 @@
-"""Attention biases: ALiBi (BLOOM, MPT), T5's relative position buckets, and MPNet's (the same buckets)."""
+"""Attention biases: ALiBi (BLOOM, MPT), T5's relative position buckets, MPNet's (the same buckets), and
+clipped relative positions over a learned table (Phi-4-multimodal's audio encoder)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -12,6 +14,7 @@ from posenc._torch.angles import angle_dtype
 from posenc.functional import (
     alibi_bias,
     alibi_slopes,
+    clipped_relative_position,
     positions_from_mask,
     relative_position_bucket,
 )
@@ -92,39 +95,60 @@ def _plan_mpt(module: Any, where: str, model: torch.nn.Module, assume_valid: boo
 # ---- T5 family -------------------------------------------------------------------------------------------------
 
 def _t5_bias(owner: Any, query_length: int, key_length: int, device: Any = None, past_seen_tokens: int = 0,
-             cache_position: torch.Tensor | None = None) -> torch.Tensor:
+             cache_position: torch.Tensor | None = None, *, bidirectional: bool | None = None) -> torch.Tensor:
     device = owner.relative_attention_bias.weight.device if device is None else device
     if cache_position is not None:                                           # transformers 4.x
         queries = cache_position.to(device)
     else:
         queries = torch.arange(query_length, dtype=torch.long, device=device) + past_seen_tokens
     keys = torch.arange(key_length, dtype=torch.long, device=device)
-    buckets = relative_position_bucket(keys[None, :] - queries[:, None], bidirectional=not owner.is_decoder,
+    both = not owner.is_decoder if bidirectional is None else bidirectional
+    buckets = relative_position_bucket(keys[None, :] - queries[:, None], bidirectional=both,
                                        num_buckets=owner.relative_attention_num_buckets,
                                        max_distance=owner.relative_attention_max_distance)
     values = owner.relative_attention_bias(buckets)                           # (S, S_k, H), the model's weights
     return values.permute(2, 0, 1).unsqueeze(0)                              # (1, H, S, S_k)
 
 
-def _plan_t5(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
-    buckets = int(module.relative_attention_num_buckets)
+def _t5_reproduces(module: Any, bidirectional: bool) -> str:
+    """The first probe (as words) on which posenc's buckets in this direction differ from the model's
+    ``compute_bias``, or "" where every probe agrees."""
     distance = int(module.relative_attention_max_distance)
-    exact = (buckets // 2 if not module.is_decoder else buckets) // 2
-    if distance <= exact:
-        raise ValueError(
-            f"patch_model: {where}: relative_attention_max_distance={distance} must exceed the exact range {exact} "
-            f"(half the {'' if module.is_decoder else 'per-direction '}buckets of relative_attention_num_buckets="
-            f"{buckets}): the logarithmic buckets divide by log(max_distance / exact range), which is 0 here; set "
-            f"relative_attention_max_distance > {exact}; the model is left unpatched")
     for q, k, past in ((7, 7, 0), (1, 40, 39), (5, 300, 295), (3, 2 * distance + 3, 0)):
         with torch.no_grad():
             want = type(module).compute_bias(module, q, k, past_seen_tokens=past) if past else \
                 type(module).compute_bias(module, q, k)
-            got = _t5_bias(module, q, k, past_seen_tokens=past)
+            got = _t5_bias(module, q, k, past_seen_tokens=past, bidirectional=bidirectional)
         if want.shape != got.shape or not torch.equal(want, got):
-            raise ValueError(f"patch_model: {where}: posenc's relative position buckets do not reproduce the model's "
-                             f"compute_bias for {q} queries after {past} and {k} keys; the model is left unpatched")
-    return _Plan(module, "t5", {"compute_bias": _Call(module, _t5_bias)}, note="T5 relative bias")
+            return f"{q} queries after {past} and {k} keys"
+    return ""
+
+
+def _plan_t5(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    """T5's buckets, in the direction the module says (``is_decoder``: one direction); a module that does not
+    say (Pix2Struct's text attention, always one direction) gets the direction whose buckets reproduce its
+    ``compute_bias``."""
+    buckets = int(module.relative_attention_num_buckets)
+    distance = int(module.relative_attention_max_distance)
+    said = getattr(module, "is_decoder", None)
+    directions = [not said] if isinstance(said, bool) else [False, True]
+    exact = {d: (buckets // 2 if d else buckets) // 2 for d in directions}
+    if all(distance <= exact[d] for d in directions):
+        bidirectional = directions[0]
+        raise ValueError(
+            f"patch_model: {where}: relative_attention_max_distance={distance} must exceed the exact range "
+            f"{exact[bidirectional]} (half the {'per-direction ' if bidirectional else ''}buckets of "
+            f"relative_attention_num_buckets={buckets}): the logarithmic buckets divide by log(max_distance / "
+            f"exact range), which is 0 here; set relative_attention_max_distance > {exact[bidirectional]}; the "
+            f"model is left unpatched")
+    differs = ""
+    for bidirectional in (d for d in directions if distance > exact[d]):
+        differs = _t5_reproduces(module, bidirectional)
+        if not differs:
+            call = _t5_bias if isinstance(said, bool) else functools.partial(_t5_bias, bidirectional=bidirectional)
+            return _Plan(module, "t5", {"compute_bias": _Call(module, call)}, note="T5 relative bias")
+    raise ValueError(f"patch_model: {where}: posenc's relative position buckets do not reproduce the model's "
+                     f"compute_bias for {differs}; the model is left unpatched")
 
 
 def _mpnet_bias(owner: Any, x: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -155,3 +179,44 @@ def _plan_mpnet(module: Any, where: str, model: torch.nn.Module, assume_valid: b
                              f"compute_position_bias for {length} tokens; the model is left unpatched")
     return _Plan(module, "mpnet", {"compute_position_bias": _Call(module, _mpnet_bias)},
                  note="relative position bias (T5's buckets)")
+
+
+# ---- clipped relative positions: a learned table indexed by the clipped distance -----------------------------
+
+def _clipped_bias(owner: Any, x: torch.Tensor, *, low: int, high: int) -> torch.Tensor:
+    """The module's ``forward(x)``: ``(1, H, S, S)`` rows of its learned table, indexed by the key-minus-query
+    distance clipped to ``[low, high]`` (Shaw et al. 2018), by magnitude where the module is symmetric."""
+    positions = torch.arange(x.size(1), device=x.device)
+    index = clipped_relative_position(positions[None, :] - positions[:, None], max_distance=high, min_distance=low,
+                                      symmetric=owner.symmetric)
+    return owner.bias_values(index).permute(2, 0, 1).unsqueeze(0)
+
+
+def _plan_clipped(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    """The window the module clips to is found, not assumed: the paper's ``[-M, M]`` or the Conformer
+    variant's ``[-M, M - 1]``, whichever fits the module's table and reproduces its own ``forward`` exactly
+    on sequences that reach past both edges."""
+    distance = int(module.max_distance)
+    device = module.bias_values.weight.device
+    lengths = (1, 7, distance + 3)
+    want = {}
+    with torch.no_grad():
+        for length in lengths:
+            try:
+                want[length] = type(module).forward(module, torch.zeros(1, length, 1, device=device))
+            except (IndexError, RuntimeError) as e:
+                raise ValueError(f"patch_model: {where}: the model's own clipped relative bias fails for {length} "
+                                 f"positions ({type(e).__name__}: {e}), so there is nothing to reproduce; the model "
+                                 f"is left unpatched") from e
+        rows = module.bias_values.num_embeddings
+        for low, high in ((-distance, distance - 1), (-distance, distance)):
+            if (max(high, -low) if module.symmetric else high - low) >= rows:
+                continue                                     # indices past the module's table
+            if all(torch.equal(_clipped_bias(module, torch.zeros(1, n, 1, device=device), low=low, high=high),
+                               want[n]) for n in lengths):
+                call = functools.partial(_clipped_bias, low=low, high=high)
+                return _Plan(module, "clipped", {"forward": _Call(module, call)},
+                             note="clipped relative position bias")
+    raise ValueError(f"patch_model: {where}: clipping key-minus-query distances to [-{distance}, {distance} - 1] or "
+                     f"[-{distance}, {distance}] does not reproduce the model's relative bias; the model is left "
+                     f"unpatched")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from posenc._deprecate import UNSET
 from posenc._torch.engine_choice import engine_from_backend
 from posenc._torch.rope_call import promise
 from posenc.core import hf_config as core_hf_config
-from posenc.integrations.transformers._bias import _plan_bloom, _plan_mpnet, _plan_mpt, _plan_t5
+from posenc.integrations.transformers._bias import _plan_bloom, _plan_clipped, _plan_mpnet, _plan_mpt, _plan_t5
 from posenc.integrations.transformers._common import _PATCH, _check_module, _config_of, _log, _mrope_section, _rope_type
 from posenc.integrations.transformers._mrope import _MropeAdapter, _plan_mrope
 from posenc.integrations.transformers._recomposed import _plan_recomposed
@@ -158,10 +159,15 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, engine: str | 
         plans.append(plan)
     if not found:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
+        unknown = sorted({type(m).__name__ for m in model.modules()
+                          if any(_RELATIVE_BIAS.match(n) for n in [*m._modules, *m._parameters])})
+        held = (f"; it holds relative position biases of another contract ({', '.join(unknown)}), which posenc has "
+                f"no adapter for, so they stay the model's own") if unknown else \
+            "; models with learned or sinusoidal absolute positions have nothing to patch"
         raise ValueError(
             f"patch_model found no positional module in {type(model).__name__} (model_type={model_type!r}): no rotary "
             f"module following transformers' contract (forward(x, position_ids) returning (cos, sin)), no ALiBi and no "
-            f"T5-style relative bias; models with learned or sinusoidal absolute positions have nothing to patch"
+            f"T5-style relative bias" + held
         )
     if getattr(getattr(model, "config", None), "alibi", False) is True and not kinds & {"bloom", "mpt"}:
         raise ValueError(
@@ -190,6 +196,9 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
     if hasattr(cls, "compute_position_bias") and hasattr(module, "relative_attention_bias") \
             and list(inspect.signature(cls.compute_position_bias).parameters)[1:4] == ["x", "position_ids", "num_buckets"]:
         return "mpnet"                               # MPNet: T5's bidirectional buckets under another name
+    if isinstance(getattr(module, "bias_values", None), torch.nn.Embedding) and isinstance(
+            getattr(module, "max_distance", None), int) and isinstance(getattr(module, "symmetric", None), bool):
+        return "clipped"                             # a learned table of clipped distances (Phi-4's audio)
     if not ("Rotary" in cls.__name__ and callable(getattr(cls, "forward", None))):
         return None
     try:
@@ -208,9 +217,13 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
         return "vision"                             # 2-D rotary of a vision tower: left as the model's
     return "mrope" if _mrope_section(module, model) is not None else "rotary"
 
+#: the names relative position biases go by in transformers (T5's, LayoutLMv3's ``rel_pos_bias`` and
+#: ``rel_pos_x_bias``, CPM-Ant's parameter): held by a module no adapter recognises, they are named in the refusal
+_RELATIVE_BIAS = re.compile(r"relative_attention_bias|rel_pos(_[a-z]+)?_bias")
+
 _PLANNERS: dict[str, Callable[[torch.nn.Module, str, torch.nn.Module, bool], _Plan]] = {
     "rotary": _plan_rotary, "mrope": _plan_mrope, "bloom": _plan_bloom, "mpt": _plan_mpt, "t5": _plan_t5,
-    "mpnet": _plan_mpnet,
+    "mpnet": _plan_mpnet, "clipped": _plan_clipped,
 }
 
 
