@@ -31,9 +31,10 @@ STEPS = 8
 _LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "encoder_layers",
            "decoder_layers", "num_encoder_layers")
 _SIZES = {
+    # (the widths of Phi-4's audio convolutions, of Dots3's audio adapter and of Nemotron 3's audio head too)
     **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "cross_attention_hidden_size",
-                     "depthwise_separable_out_channel", "ext_pw_out_channel",    # (Phi-4's audio convolutions)
-                     "adapter_input_size", "audio_hidden_size"), 64),                                # (Dots3, Nemotron 3 audio)
+                     "depthwise_separable_out_channel", "ext_pw_out_channel", "adapter_input_size",
+                     "audio_hidden_size"), 64),
     **dict.fromkeys(("intermediate_size", "d_ff", "ffn_dim", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
                      "ffn_hidden_size"), 128),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
@@ -407,8 +408,6 @@ def _vocabulary(model: torch.nn.Module) -> int:
 def _required(model: torch.nn.Module, nullable: bool = True) -> list[str]:
     """The forward's arguments without a default (``nullable=False``: less those whose annotation allows
     None, such as Phi-4's audio ``mask``, which the sweep passes as None)."""
-
-
     params = inspect.signature(type(model).forward).parameters.values()
     return [p.name for p in params if p.name != "self" and p.default is p.empty
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
@@ -502,8 +501,6 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
     lengths: dict[str, Callable[[], torch.Tensor]] = {}
     if first == "pixel_values" and image:                    # models whose position table fixes the image size
         shapes.append((1, channels, image, image))
-    elif first == "pixel_values" and not patch:              # a convolutional backbone: any size (an image pair
-        shapes += [(1, channels, 64, 64), (1, 2, channels, 64, 64), (1, channels, 128, 128)]  # for matchers)
     elif audio:
         for width in dict.fromkeys(([mels] if mels else []) + widths + [128, 80]):   # (the usual mel counts)
             shapes += [(1, width, 64), (1, 64, width)]
@@ -512,7 +509,7 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
             shapes.insert(0, (mels, 64))
             lengths = {"feature_lens": lambda: torch.tensor([64])}
     elif first == "input_values":
-        shapes += [(1, 3200), (1, 1, 3200), (1, 3840), (1, 1, 3840)]     # (3840: whole 1920-sample frames)
+        shapes += [(1, 3200), (1, 1, 3200)]
     for shape in shapes:
         yield lambda shape=shape: {first: seeded(shape), **nones, **{k: extras[k]() for k in required if k != first},
                                    **({k: make() for k, make in lengths.items()} if len(shape) == 2 else {})}
@@ -598,8 +595,6 @@ def _greedy(out: Any, steps: int, step: Callable[[torch.Tensor, Any], Any]
 
 
 def _takes(model: torch.nn.Module, name: str) -> bool:
-
-
     params = inspect.signature(type(model).forward).parameters
     return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
@@ -701,10 +696,11 @@ def _positional_modules(model: torch.nn.Module) -> list[str]:
     """The modules of ``model`` that look like position rules (a class named rotary/RoPE/ALiBi, or a relative
     attention bias, as a module or a parameter: ``relative_attention_bias``, LayoutLM's ``rel_pos_bias``,
     CPM-Ant's), whatever contract they follow."""
+    from posenc.integrations.transformers._patch import _RELATIVE_BIAS
+
     return [name for name, m in model.named_modules()
             if re.search(r"rotary|rope|alibi", type(m).__name__, re.I)
-            or any(re.match(r"relative_attention_bias|rel_pos(_[a-z]+)?_bias", child)
-                   for child in [*m._modules, *m._parameters])]
+            or any(_RELATIVE_BIAS.match(child) for child in [*m._modules, *m._parameters])]
 
 
 class _Said(logging.Handler):

@@ -1,4 +1,4 @@
-"""Bad inputs of ALiBi and T5 biases: alibi_slopes, alibi_bias, AlibiBias, relative_position_bucket, relative_distances, RelativePositionBias.
+"""Bad inputs of ALiBi and T5 biases: alibi_slopes, alibi_bias, AlibiBias, relative_position_bucket, relative_distances, clipped_relative_position, RelativePositionBias.
 
 Each case either matches an independent float64 reference from ``tests/reference/`` or raises
 ``ValueError``/``TypeError`` naming the offending argument; any other exception or any warning fails it
@@ -30,6 +30,7 @@ from tests.bad_inputs import (
 )
 from tests.reference.bias_oracle import alibi_bias as ref_alibi
 from tests.reference.bias_oracle import alibi_slopes as ref_slopes
+from tests.reference.bias_oracle import clipped_index as ref_clipped
 from tests.reference.bias_oracle import t5_buckets as ref_bucket
 
 CASES = Cases()
@@ -111,6 +112,33 @@ good("relative_position_bucket", "causal", lambda: F.relative_position_bucket(to
      lambda out: close(out, ref_bucket([-200, -16, -8, -1, 0, 5], bidirectional=False)))
 good("relative_position_bucket", "few-buckets", lambda: F.relative_position_bucket(torch.arange(-9, 10), num_buckets=4, max_distance=3),
      lambda out: close(out, ref_bucket(np.arange(-9, 10), num_buckets=4, max_distance=3)))
+
+for _id, _call, _exc, _match in [
+    ("max_distance-negative", lambda: F.clipped_relative_position(_A, max_distance=-1), ValueError,
+     "max_distance must be >= 0"),
+    ("max_distance-float", lambda: F.clipped_relative_position(_A, max_distance=2.0), TypeError,
+     "max_distance must be an int"),
+    ("max_distance-nan", lambda: F.clipped_relative_position(_A, max_distance=NAN), TypeError,
+     "max_distance must be an int"),
+    ("max_distance-bool", lambda: F.clipped_relative_position(_A, max_distance=True), TypeError,
+     "max_distance must be an int"),
+    ("min_distance-positive", lambda: F.clipped_relative_position(_A, max_distance=2, min_distance=1), ValueError,
+     "min_distance must be <= 0"),
+    ("symmetric-int", lambda: F.clipped_relative_position(_A, max_distance=2, symmetric=1), TypeError,
+     "symmetric must be a bool"),
+    ("float-distances", lambda: F.clipped_relative_position(torch.tensor([0.5]), max_distance=2), TypeError,
+     "relative_position"),
+]:
+    bad("clipped_relative_position", _id, _call, _exc, _match)
+good("clipped_relative_position", "int64-extremes",
+     lambda: F.clipped_relative_position(torch.tensor([-(2**63), 2**63 - 1, -3, 0, 2]), max_distance=2),
+     lambda out: close(out, ref_clipped([-(2**63), 2**63 - 1, -3, 0, 2], 2)))
+good("clipped_relative_position", "zero-window", lambda: F.clipped_relative_position(torch.arange(-3, 4), max_distance=0),
+     lambda out: close(out, ref_clipped(np.arange(-3, 4), 0)))
+good("clipped_relative_position", "conformer-symmetric",
+     lambda: F.clipped_relative_position(torch.arange(-9, 10).reshape(19, 1), max_distance=4, min_distance=-5,
+                                         symmetric=True),
+     lambda out: close(out, ref_clipped(np.arange(-9, 10).reshape(19, 1), 4, -5, symmetric=True)))
 
 for _id, _call, _exc, _match in [
     ("init-num_heads-0", lambda: RelativePositionBias(0), ValueError, "num_heads must be >= 1"),

@@ -28,13 +28,14 @@ def test_clipped_relative_position_is_the_papers_window(high, low, symmetric):
     assert got.dtype == torch.int64 and got.tolist() == want
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"max_distance": -1}, r"max_distance must be an int >= 0, got -1"),
-    ({"max_distance": 2.0}, r"max_distance must be an int >= 0, got 2.0"),
-    ({"max_distance": 2, "min_distance": 1}, r"min_distance must be an int <= 0 .* got 1"),
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"max_distance": -1}, ValueError, r"max_distance must be >= 0 .*got -1"),
+    ({"max_distance": 2.0}, TypeError, r"max_distance must be an int, got 2.0"),
+    ({"max_distance": 2, "min_distance": 1}, ValueError, r"min_distance must be <= 0 .*got 1"),
+    ({"max_distance": 2, "symmetric": 1}, TypeError, r"symmetric must be a bool, got 1"),
 ])
-def test_clipped_relative_position_names_a_bad_window(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_clipped_relative_position_names_a_bad_window(kwargs, error, match):
+    with pytest.raises(error, match=match):
         clipped_relative_position(torch.tensor([0, 1]), **kwargs)
 
 

@@ -156,11 +156,15 @@ def clipped_relative_position(
         >>> clipped_relative_position(torch.tensor([-9, -2, 0, 1, 2, 9]), max_distance=2)
         tensor([0, 0, 2, 3, 4, 4])
     """
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
-        raise ValueError(f"max_distance must be an int >= 0, got {max_distance!r}")
+    for name, value in (("max_distance", max_distance), ("min_distance", min_distance)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    if max_distance < 0:
+        raise ValueError(f"max_distance must be >= 0 (the largest distance with its own row), got {max_distance}")
     low = -max_distance if min_distance is None else min_distance
-    if isinstance(low, bool) or not isinstance(low, int) or low > 0:
-        raise ValueError(f"min_distance must be an int <= 0 (the most negative distance with its own row), "
-                         f"got {min_distance!r}")
+    if low > 0:
+        raise ValueError(f"min_distance must be <= 0 (the most negative distance with its own row), got {low}")
     clipped = check_positions("relative_position", relative_position).long().clamp(low, max_distance)
     return clipped.abs() if symmetric else clipped - low

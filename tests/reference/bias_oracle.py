@@ -53,6 +53,17 @@ def alibi_bias(q_pos, k_pos, slopes, symmetric: bool = False) -> np.ndarray:
         return -m[:, None, None] * dist[None].astype(np.float64)
 
 
+def clipped_index(rel, max_distance: int, min_distance: int | None = None, symmetric: bool = False) -> np.ndarray:
+    """Shaw et al. (2018): each distance clipped to [min_distance, max_distance] (min: -max_distance), one row per
+    clipped distance counted from the most negative; by magnitude when symmetric."""
+    low = -max_distance if min_distance is None else min_distance
+    out = []
+    for d in np.asarray(rel, dtype=object).ravel().tolist():
+        c = min(max(int(d), low), max_distance)
+        out.append(abs(c) if symmetric else c - low)
+    return np.array(out, dtype=np.int64).reshape(np.shape(rel))
+
+
 def t5_buckets(rel, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
     """:func:`t5_bucket` of every ``key - query`` distance in an array of any shape (int64)."""
     rel = np.asarray(rel, dtype=object)
