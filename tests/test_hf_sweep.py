@@ -181,6 +181,39 @@ def test_a_relative_bias_of_another_contract_is_named_in_the_refusal(model_type,
         patch_model(model)
 
 
+def test_esm2_with_rotary_positions_is_patched_and_equal():
+    """ESM-2 checkpoints set ``position_embedding_type="rotary"`` (the default configuration has absolute
+    positions, which the sweep counts as none): its rotary module is patched and the masked-LM logits
+    are unchanged."""
+    config = transformers.EsmConfig(vocab_size=33, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, position_embedding_type="rotary", pad_token_id=1,
+                                    mask_token_id=32)
+    torch.manual_seed(0)
+    model = transformers.EsmForMaskedLM(config).eval()
+    ids = torch.randint(4, 30, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        patch_model(model)
+        got = model(input_ids=ids).logits
+    assert {v.kind for m in model.modules() for k, v in vars(m).items() if k == "_posenc_patch"} == {"rotary"}
+    torch.testing.assert_close(got, want, rtol=0, atol=hf_zoo.ATOL)
+
+
+def test_zamba2_with_its_shared_attentions_rotary_on_is_patched_and_equal():
+    """Zamba 2 rotates only with ``use_mem_rope=True`` (off in its default configuration): then its
+    rotary module is patched, and the prefill and cached greedy steps are unchanged."""
+    config = hf_zoo.build("zamba2").config
+    config.use_mem_rope = True
+    torch.manual_seed(0)
+    model = transformers.Zamba2ForCausalLM(config).eval()
+    ref = hf_zoo.run(model)
+    got = hf_zoo.run(patch_model(model))
+    assert {v.kind for m in model.modules() for k, v in vars(m).items() if k == "_posenc_patch"} == {"rotary"}
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=hf_zoo.ATOL)
+    assert len(ref[1]) == hf_zoo.STEPS and got[2] == ref[2]
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=hf_zoo.ATOL)
+
+
 def test_pix2struct_text_attention_which_does_not_say_its_direction_gets_the_direction_its_buckets_have():
     """Pix2Struct's text attention has no ``is_decoder``; its ``compute_bias`` always buckets in one
     direction.  The adapter finds that direction by reproducing ``compute_bias`` and uses it, not a guess:
