@@ -150,6 +150,8 @@ def _shrink(config: Any, seen: set[int]) -> None:
     blocks = own.get("layers_block_type")
     if isinstance(own.get("hybrid_layer_ids"), list) and isinstance(blocks, list):   # Zamba 2: derived when made
         config.hybrid_layer_ids = [i for i, kind in enumerate(blocks) if kind == "hybrid"]
+    if isinstance(own.get("downsample_channels"), list):    # a neck that must end at the shrunk encoder's width
+        config.downsample_channels = [min(c, _SIZES["hidden_size"]) for c in own["downsample_channels"]]
     picked = own.get("intermediate_layers_indices")          # layers whose outputs a vision tower keeps (Mllama)
     if layers is not None and isinstance(picked, list) and any(i >= layers for i in picked):
         config.intermediate_layers_indices = list(range(layers))
@@ -417,7 +419,7 @@ def _required(model: torch.nn.Module, nullable: bool = True) -> list[str]:
 def _int(config: Any, *names: str, default: int | None = None) -> int | None:
     """The first integer (or the first entry of a list) a configuration or its vision/audio part gives."""
     for part in (config, getattr(config, "vision_config", None), getattr(config, "audio_config", None),
-                 getattr(config, "encoder_config", None)):
+                 getattr(config, "encoder_config", None), getattr(config, "sam_config", None)):
         for name in names:
             value = getattr(part, name, None) if part is not None else None
             if isinstance(value, (list, tuple)) and value:

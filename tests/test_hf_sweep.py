@@ -27,7 +27,7 @@ SAMPLE = {
     # vision and audio encoders fed synthetic grids and features; hybrids that keep one attention layer
     "qwen2_vl_vision": "axial", "glm4v_vision": "axial", "minimax_m3_vl_vision": "axial", "sam3_vit_model": "axial",
     "gemma4_vision": "axial", "llama4_vision_model": "axial", "lasr_encoder": "rotary", "lfm3": "rotary",
-    "recurrent_gemma": "rotary", "pix2struct": "t5",
+    "recurrent_gemma": "rotary", "pix2struct": "t5", "deepseek_ocr2_vision": "rotary", "phi4_multimodal_audio": "clipped",
 }
 SLOW = {"qwen3_next", "gpt_oss", "gemma3n_text", "qwen3_vl", "glm4v", "longt5", "deepseek_v3"}
 

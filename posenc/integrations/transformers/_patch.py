@@ -141,6 +141,11 @@ def _verify_and_apply(model: torch.nn.Module, assume_valid: bool, engine: str | 
         where = f"{type(model).__name__}.{path}" if path else type(model).__name__
         if kind in ("vision", "grid_table"):
             vision = (_plan_axial if kind == "vision" else _plan_grid_table)(module, where, model)
+            if isinstance(vision, str) and kind == "vision":
+                with contextlib.suppress(ValueError):       # a vision tower's 1-D rotary over its token sequence
+                    vision = _plan_rotary(module, where, model, assume_valid)    # (DeepSeek-OCR 2's encoder)
+                    if engine is not None:
+                        _plan_fast_rotation(vision, where, engine)
             if isinstance(vision, str):
                 left.append(f"{where}, a vision tower's 2-D rotary module, is left as the model's own ({vision})")
             else:
