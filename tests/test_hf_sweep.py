@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from posenc.integrations.transformers import patch_model, patched, rotation_layout, unpatch_model  # noqa: E402
+from posenc.integrations.transformers import is_patched, patch_model, patched, rotation_layout, unpatch_model  # noqa: E402
 from tests import hf_zoo  # noqa: E402
 
 SAMPLE = {
@@ -28,6 +28,7 @@ SAMPLE = {
     "qwen2_vl_vision": "axial", "glm4v_vision": "axial", "minimax_m3_vl_vision": "axial", "sam3_vit_model": "axial",
     "gemma4_vision": "axial", "llama4_vision_model": "axial", "lasr_encoder": "rotary", "lfm3": "rotary",
     "recurrent_gemma": "rotary", "pix2struct": "t5", "deepseek_ocr2_vision": "rotary", "phi4_multimodal_audio": "clipped",
+    "layoutlmv3": "buckets",
 }
 SLOW = {"qwen3_next", "gpt_oss", "gemma3n_text", "qwen3_vl", "glm4v", "longt5", "deepseek_v3"}
 
@@ -168,8 +169,7 @@ def test_a_t5_bias_whose_max_distance_equals_the_exact_range_is_refused_up_front
     assert not any("_posenc_patch" in vars(m) for m in model.modules())
 
 
-@pytest.mark.parametrize(("model_type", "holder"), [("cpmant", "CpmAntSegmentPositionEmbedding"),
-                                                    ("layoutlmv3", "LayoutLMv3Encoder")])
+@pytest.mark.parametrize(("model_type", "holder"), [("cpmant", "CpmAntSegmentPositionEmbedding")])
 def test_a_relative_bias_of_another_contract_is_named_in_the_refusal(model_type, holder):
     """A model whose only positions are a relative bias no adapter recognises is not told it has learned
     or sinusoidal absolute positions: the refusal names the module that holds the bias."""
@@ -212,6 +212,24 @@ def test_zamba2_with_its_shared_attentions_rotary_on_is_patched_and_equal():
     torch.testing.assert_close(got[0], ref[0], rtol=0, atol=hf_zoo.ATOL)
     assert len(ref[1]) == hf_zoo.STEPS and got[2] == ref[2]
     torch.testing.assert_close(got[1], ref[1], rtol=0, atol=hf_zoo.ATOL)
+
+
+def test_layoutlmv3_buckets_that_differ_from_t5s_are_refused_with_the_distance():
+    """LayoutLMv3 computes T5's buckets in a method of its encoder; posenc replaces the method only where its
+    exact buckets equal the method's on every distance the model uses. A method that differs (here, one
+    bucket off past distance 40) is refused, naming the first distance, and the model stays as it was."""
+    model = hf_zoo.build("layoutlmv3")
+    encoder = model.encoder
+
+    class Shifted(type(encoder)):
+        def relative_position_bucket(self, relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+            out = super().relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance)
+            return out + (relative_position > 40).long()
+
+    encoder.__class__ = Shifted
+    with pytest.raises(ValueError, match=r"differ from the model's relative_position_bucket at distance 41 "):
+        patch_model(model)
+    assert not is_patched(model)
 
 
 def test_pix2struct_text_attention_which_does_not_say_its_direction_gets_the_direction_its_buckets_have():

@@ -1,5 +1,6 @@
 """Attention biases: ALiBi (BLOOM, MPT), T5's relative position buckets, MPNet's (the same buckets), and
-clipped relative positions over a learned table (Phi-4-multimodal's audio encoder)."""
+clipped relative positions over a learned table (Phi-4-multimodal's audio encoder), and T5's buckets
+where a module computes them in a method of its own (LayoutLMv3's 1-D and 2-D biases)."""
 
 from __future__ import annotations
 
@@ -220,3 +221,39 @@ def _plan_clipped(module: Any, where: str, model: torch.nn.Module, assume_valid:
     raise ValueError(f"patch_model: {where}: clipping key-minus-query distances to [-{distance}, {distance} - 1] or "
                      f"[-{distance}, {distance}] does not reproduce the model's relative bias; the model is left "
                      f"unpatched")
+
+
+# ---- T5's buckets in a module's own method (LayoutLMv3) ------------------------------------------------------
+
+def _bucket_method(owner: Any, relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32,
+                   max_distance: int = 128) -> torch.Tensor:
+    """The module's ``relative_position_bucket`` method: T5's buckets, exact for every distance."""
+    return relative_position_bucket(relative_position, bidirectional=bidirectional, num_buckets=num_buckets,
+                                    max_distance=max_distance)
+
+
+def _plan_bucket_method(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
+    """Every (buckets, maximum distance) pair the module keeps (``*_bins`` beside ``max_*``: LayoutLMv3's 1-D
+    pair and its 2-D one), checked in both directions on every distance up to past the maximum."""
+    pairs = sorted({(int(getattr(module, bins)), int(getattr(module, "max_" + bins[:-len("_bins")])))
+                    for bins in vars(module) if bins.endswith("_bins") and isinstance(getattr(module, bins), int)
+                    and isinstance(getattr(module, "max_" + bins[:-len("_bins")], None), int)})
+    if not pairs:
+        raise ValueError(f"patch_model: {where}: {type(module).__name__} keeps no bucket count with its maximum "
+                         f"distance (``*_bins`` and ``max_*``), so posenc cannot check its buckets; the model is left "
+                         f"unpatched")
+    device = next(module.parameters()).device
+    for buckets, distance in pairs:
+        rel = torch.arange(-distance - 3, distance + 4, device=device)
+        for bidirectional in (True, False):
+            with torch.no_grad():
+                want = type(module).relative_position_bucket(module, rel, bidirectional=bidirectional,
+                                                             num_buckets=buckets, max_distance=distance)
+                got = _bucket_method(module, rel, bidirectional, buckets, distance)
+            if not torch.equal(want, got):
+                first = int(rel[(want != got).nonzero()[0, 0]])
+                raise ValueError(f"patch_model: {where}: posenc's relative position buckets differ from the model's "
+                                 f"relative_position_bucket at distance {first} ({buckets} buckets, maximum distance "
+                                 f"{distance}, bidirectional={bidirectional}); the model is left unpatched")
+    return _Plan(module, "buckets", {"relative_position_bucket": _Call(module, _bucket_method)},
+                 note="relative position buckets (T5's)")

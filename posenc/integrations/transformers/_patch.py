@@ -17,7 +17,14 @@ from posenc._deprecate import UNSET
 from posenc._torch.engine_choice import engine_from_backend
 from posenc._torch.rope_call import promise
 from posenc.core import hf_config as core_hf_config
-from posenc.integrations.transformers._bias import _plan_bloom, _plan_clipped, _plan_mpnet, _plan_mpt, _plan_t5
+from posenc.integrations.transformers._bias import (
+    _plan_bloom,
+    _plan_bucket_method,
+    _plan_clipped,
+    _plan_mpnet,
+    _plan_mpt,
+    _plan_t5,
+)
 from posenc.integrations.transformers._common import _PATCH, _check_module, _config_of, _log, _mrope_section, _rope_type
 from posenc.integrations.transformers._mrope import _MropeAdapter, _plan_mrope
 from posenc.integrations.transformers._recomposed import _plan_recomposed
@@ -201,6 +208,10 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
     if hasattr(cls, "compute_position_bias") and hasattr(module, "relative_attention_bias") \
             and list(inspect.signature(cls.compute_position_bias).parameters)[1:4] == ["x", "position_ids", "num_buckets"]:
         return "mpnet"                               # MPNet: T5's bidirectional buckets under another name
+    buckets = getattr(cls, "relative_position_bucket", None)
+    if callable(buckets) and list(inspect.signature(buckets).parameters) == [
+            "self", "relative_position", "bidirectional", "num_buckets", "max_distance"]:
+        return "buckets"                             # T5's buckets in a method of the module's own (LayoutLMv3)
     if isinstance(getattr(module, "bias_values", None), torch.nn.Embedding) and isinstance(
             getattr(module, "max_distance", None), int) and isinstance(getattr(module, "symmetric", None), bool):
         return "clipped"                             # a learned table of clipped distances (Phi-4's audio)
@@ -228,7 +239,7 @@ _RELATIVE_BIAS = re.compile(r"relative_attention_bias|rel_pos(_[a-z]+)?_bias")
 
 _PLANNERS: dict[str, Callable[[torch.nn.Module, str, torch.nn.Module, bool], _Plan]] = {
     "rotary": _plan_rotary, "mrope": _plan_mrope, "bloom": _plan_bloom, "mpt": _plan_mpt, "t5": _plan_t5,
-    "mpnet": _plan_mpnet, "clipped": _plan_clipped,
+    "mpnet": _plan_mpnet, "clipped": _plan_clipped, "buckets": _plan_bucket_method,
 }
 
 
