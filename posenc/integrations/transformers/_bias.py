@@ -223,37 +223,74 @@ def _plan_clipped(module: Any, where: str, model: torch.nn.Module, assume_valid:
                      f"unpatched")
 
 
-# ---- T5's buckets in a module's own method (LayoutLMv3) ------------------------------------------------------
+# ---- T5's buckets in a module's own method (LayoutLMv3, CPM-Ant) ---------------------------------------------
+
+#: the bucket methods modules keep, with their arguments: LayoutLMv3's takes a direction, CPM-Ant's is always
+#: bidirectional
+BUCKET_METHODS = {
+    "relative_position_bucket": ["self", "relative_position", "bidirectional", "num_buckets", "max_distance"],
+    "_position_bucket": ["self", "relative_position", "num_buckets", "max_distance"],
+}
+
 
 def _bucket_method(owner: Any, relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32,
                    max_distance: int = 128) -> torch.Tensor:
-    """The module's ``relative_position_bucket`` method: T5's buckets, exact for every distance."""
+    """A module's ``relative_position_bucket`` method: T5's buckets, exact for every distance."""
     return relative_position_bucket(relative_position, bidirectional=bidirectional, num_buckets=num_buckets,
                                     max_distance=max_distance)
 
 
+def _bidirectional_bucket_method(owner: Any, relative_position: torch.Tensor, num_buckets: int = 32,
+                                 max_distance: int = 128, *, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A module's ``_position_bucket`` method (CPM-Ant): T5's bidirectional buckets, in the method's dtype."""
+    return relative_position_bucket(relative_position, num_buckets=num_buckets, max_distance=max_distance).to(dtype)
+
+
+def _bucket_pairs(module: Any) -> list[tuple[int, int]]:
+    """The (bucket count, maximum distance) pairs a module keeps: ``*_bins`` beside ``max_*`` (LayoutLMv3's 1-D
+    and 2-D pairs), or ``num_buckets`` beside ``max_distance`` (CPM-Ant)."""
+    def whole(name: str) -> int | None:
+        value = getattr(module, name, None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    pairs = {(whole(b), whole("max_" + b[:-len("_bins")])) for b in vars(module) if b.endswith("_bins")}
+    pairs.add((whole("num_buckets"), whole("max_distance")))
+    return sorted((b, d) for b, d in pairs if b is not None and d is not None)
+
+
 def _plan_bucket_method(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
-    """Every (buckets, maximum distance) pair the module keeps (``*_bins`` beside ``max_*``: LayoutLMv3's 1-D
-    pair and its 2-D one), checked in both directions on every distance up to past the maximum."""
-    pairs = sorted({(int(getattr(module, bins)), int(getattr(module, "max_" + bins[:-len("_bins")])))
-                    for bins in vars(module) if bins.endswith("_bins") and isinstance(getattr(module, bins), int)
-                    and isinstance(getattr(module, "max_" + bins[:-len("_bins")], None), int)})
+    """Every (buckets, maximum distance) pair the module keeps, checked in each direction its method takes on
+    every distance up to past the maximum; the replacement returns the method's dtype."""
+    name = next(n for n, params in BUCKET_METHODS.items()
+                if callable(getattr(type(module), n, None))
+                and list(inspect.signature(getattr(type(module), n)).parameters) == params)
+    method = getattr(type(module), name)
+    two_way = "bidirectional" in BUCKET_METHODS[name]
+    pairs = _bucket_pairs(module)
     if not pairs:
         raise ValueError(f"patch_model: {where}: {type(module).__name__} keeps no bucket count with its maximum "
-                         f"distance (``*_bins`` and ``max_*``), so posenc cannot check its buckets; the model is left "
-                         f"unpatched")
+                         f"distance, so posenc cannot check its buckets; the model is left unpatched")
     device = next(module.parameters()).device
+    dtypes = set()
     for buckets, distance in pairs:
         rel = torch.arange(-distance - 3, distance + 4, device=device)
-        for bidirectional in (True, False):
+        for bidirectional in (True, False) if two_way else (True,):
             with torch.no_grad():
-                want = type(module).relative_position_bucket(module, rel, bidirectional=bidirectional,
-                                                             num_buckets=buckets, max_distance=distance)
-                got = _bucket_method(module, rel, bidirectional, buckets, distance)
-            if not torch.equal(want, got):
-                first = int(rel[(want != got).nonzero()[0, 0]])
+                if two_way:
+                    want = method(module, rel, bidirectional=bidirectional, num_buckets=buckets,
+                                  max_distance=distance)
+                else:
+                    want = method(module, rel, num_buckets=buckets, max_distance=distance)
+                got = relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=buckets,
+                                               max_distance=distance)
+            dtypes.add(want.dtype)
+            if not torch.equal(want.long(), got):
+                first = int(rel[(want.long() != got).nonzero()[0, 0]])
                 raise ValueError(f"patch_model: {where}: posenc's relative position buckets differ from the model's "
-                                 f"relative_position_bucket at distance {first} ({buckets} buckets, maximum distance "
-                                 f"{distance}, bidirectional={bidirectional}); the model is left unpatched")
-    return _Plan(module, "buckets", {"relative_position_bucket": _Call(module, _bucket_method)},
-                 note="relative position buckets (T5's)")
+                                 f"{name} at distance {first} ({buckets} buckets, maximum distance {distance}, "
+                                 f"bidirectional={bidirectional}); the model is left unpatched")
+    if two_way:
+        call: Any = _bucket_method
+    else:
+        call = functools.partial(_bidirectional_bucket_method, dtype=dtypes.pop() if len(dtypes) == 1 else torch.int64)
+    return _Plan(module, "buckets", {name: _Call(module, call)}, note="relative position buckets (T5's)")

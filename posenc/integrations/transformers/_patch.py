@@ -18,6 +18,7 @@ from posenc._torch.engine_choice import engine_from_backend
 from posenc._torch.rope_call import promise
 from posenc.core import hf_config as core_hf_config
 from posenc.integrations.transformers._bias import (
+    BUCKET_METHODS,
     _plan_bloom,
     _plan_bucket_method,
     _plan_clipped,
@@ -208,9 +209,8 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
     if hasattr(cls, "compute_position_bias") and hasattr(module, "relative_attention_bias") \
             and list(inspect.signature(cls.compute_position_bias).parameters)[1:4] == ["x", "position_ids", "num_buckets"]:
         return "mpnet"                               # MPNet: T5's bidirectional buckets under another name
-    buckets = getattr(cls, "relative_position_bucket", None)
-    if callable(buckets) and list(inspect.signature(buckets).parameters) == [
-            "self", "relative_position", "bidirectional", "num_buckets", "max_distance"]:
+    if any(callable(getattr(cls, name, None)) and list(inspect.signature(getattr(cls, name)).parameters) == params
+           for name, params in BUCKET_METHODS.items()):
         return "buckets"                             # T5's buckets in a method of the module's own (LayoutLMv3)
     if isinstance(getattr(module, "bias_values", None), torch.nn.Embedding) and isinstance(
             getattr(module, "max_distance", None), int) and isinstance(getattr(module, "symmetric", None), bool):
