@@ -1,6 +1,6 @@
-"""Attention biases: ALiBi (BLOOM, MPT), T5's relative position buckets, MPNet's (the same buckets), and
-clipped relative positions over a learned table (Phi-4-multimodal's audio encoder), and T5's buckets
-where a module computes them in a method of its own (LayoutLMv3's 1-D and 2-D biases)."""
+"""Attention biases: ALiBi (BLOOM, MPT); T5's relative position buckets, in ``compute_bias``, in MPNet's
+``compute_position_bias`` or in a bucket method of the module's own (LayoutLMv3, CPM-Ant); and clipped
+relative positions over a learned table (Phi-4-multimodal's audio encoder)."""
 
 from __future__ import annotations
 
@@ -270,7 +270,7 @@ def _plan_bucket_method(module: Any, where: str, model: torch.nn.Module, assume_
     if not pairs:
         raise ValueError(f"patch_model: {where}: {type(module).__name__} keeps no bucket count with its maximum "
                          f"distance, so posenc cannot check its buckets; the model is left unpatched")
-    device = next(module.parameters()).device
+    device = next(iter(module.parameters()), torch.empty(0)).device
     dtypes = set()
     for buckets, distance in pairs:
         rel = torch.arange(-distance - 3, distance + 4, device=device)
