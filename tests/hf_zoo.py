@@ -520,10 +520,10 @@ def _candidates(model: torch.nn.Module, length: int) -> Iterator[Callable[[], di
         yield lambda shape=shape: {first: seeded(shape), **nones, optional[0]: grid}   # may take (PaddleOCR-VL)
 
 
-#: models whose own cache fails in transformers (HRM-Text's decode step indexes a cache layer it did not
-#: make): their first, unpatched run fell back to a prefill without a cache, and so do the later ones
-_UNCACHED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
-_RAN: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+#: whether a model's own cache works, found on its first (unpatched) run; where it fails in transformers
+#: (HRM-Text's decode step indexes a cache layer it did not make), that run and the later ones compare the
+#: prefill without a cache
+_CACHE_WORKS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
@@ -553,7 +553,7 @@ def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[t
         warnings.simplefilter("ignore")
         if not _takes(model, "use_cache"):
             return _greedy(model(input_ids=ids), steps, lambda nxt, cache: None)
-        if model in _UNCACHED:
+        if _CACHE_WORKS.get(model) is False:
             return _greedy(model(input_ids=ids, use_cache=False), 0, lambda nxt, cache: None)
         try:
             out = model(input_ids=ids, use_cache=True)
@@ -562,11 +562,11 @@ def run(model: torch.nn.Module, steps: int = STEPS, length: int = 24) -> tuple[t
         except _Timeout:
             raise
         except Exception:                               # noqa: BLE001 -- decided on the first (unpatched) run
-            if model in _RAN:
+            if model in _CACHE_WORKS:
                 raise
-            _RAN[model] = _UNCACHED[model] = True
+            _CACHE_WORKS[model] = False
             return _greedy(model(input_ids=ids, use_cache=False), 0, lambda nxt, cache: None)
-        _RAN[model] = True
+        _CACHE_WORKS[model] = True
         return result
 
 
@@ -597,8 +597,9 @@ def _greedy(out: Any, steps: int, step: Callable[[torch.Tensor, Any], Any]
 
 
 def _takes(model: torch.nn.Module, name: str) -> bool:
-    params = inspect.signature(type(model).forward).parameters
-    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+    """The forward names this argument or takes any keyword."""
+    params = inspect.signature(type(model).forward).parameters.values()
+    return _names(model, name) or any(p.kind == p.VAR_KEYWORD for p in params)
 
 
 def _names(model: torch.nn.Module, name: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -233,6 +233,12 @@ BUCKET_METHODS = {
 }
 
 
+def bucket_method(cls: type) -> str | None:
+    """The name of the bucket method of :data:`BUCKET_METHODS` that ``cls`` defines with its arguments, or None."""
+    return next((name for name, params in BUCKET_METHODS.items() if callable(getattr(cls, name, None))
+                 and list(inspect.signature(getattr(cls, name)).parameters) == params), None)
+
+
 def _bucket_method(owner: Any, relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32,
                    max_distance: int = 128) -> torch.Tensor:
     """A module's ``relative_position_bucket`` method: T5's buckets, exact for every distance."""
@@ -261,9 +267,7 @@ def _bucket_pairs(module: Any) -> list[tuple[int, int]]:
 def _plan_bucket_method(module: Any, where: str, model: torch.nn.Module, assume_valid: bool) -> _Plan:
     """Every (buckets, maximum distance) pair the module keeps, checked in each direction its method takes on
     every distance up to past the maximum; the replacement returns the method's dtype."""
-    name = next(n for n, params in BUCKET_METHODS.items()
-                if callable(getattr(type(module), n, None))
-                and list(inspect.signature(getattr(type(module), n)).parameters) == params)
+    name = cast(str, bucket_method(type(module)))                         # (found so by _kind)
     method = getattr(type(module), name)
     two_way = "bidirectional" in BUCKET_METHODS[name]
     pairs = _bucket_pairs(module)

@@ -18,13 +18,13 @@ from posenc._torch.engine_choice import engine_from_backend
 from posenc._torch.rope_call import promise
 from posenc.core import hf_config as core_hf_config
 from posenc.integrations.transformers._bias import (
-    BUCKET_METHODS,
     _plan_bloom,
     _plan_bucket_method,
     _plan_clipped,
     _plan_mpnet,
     _plan_mpt,
     _plan_t5,
+    bucket_method,
 )
 from posenc.integrations.transformers._common import _PATCH, _check_module, _config_of, _log, _mrope_section, _rope_type
 from posenc.integrations.transformers._mrope import _MropeAdapter, _plan_mrope
@@ -209,8 +209,7 @@ def _kind(module: torch.nn.Module, model: torch.nn.Module) -> str | None:
     if hasattr(cls, "compute_position_bias") and hasattr(module, "relative_attention_bias") \
             and list(inspect.signature(cls.compute_position_bias).parameters)[1:4] == ["x", "position_ids", "num_buckets"]:
         return "mpnet"                               # MPNet: T5's bidirectional buckets under another name
-    if any(callable(getattr(cls, name, None)) and list(inspect.signature(getattr(cls, name)).parameters) == params
-           for name, params in BUCKET_METHODS.items()):
+    if bucket_method(cls) is not None:
         return "buckets"                             # T5's buckets in a method of the module's own (LayoutLMv3)
     if isinstance(getattr(module, "bias_values", None), torch.nn.Embedding) and isinstance(
             getattr(module, "max_distance", None), int) and isinstance(getattr(module, "symmetric", None), bool):
