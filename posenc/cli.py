@@ -489,6 +489,18 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    problem = _torch_missing("audit")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    from posenc.testing.audit import audit_hf
+
+    report = audit_hf(args.config, inspect_modules=not args.no_modules, max_position=args.max_position)
+    _emit(str(report))
+    return 0 if report.ok else 1
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -581,6 +593,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="positions in the table figure and distances in the logit figure, >= 1; the "
                         "similarity figure shows distances up to 4 x --max-len - 1 (default 128)")
     p.set_defaults(func=_cmd_plot, check=_check_plot, command_parser=p)
+
+    a = sub.add_parser("audit", help="say what positions each layer of a Hugging Face model gets, and check it",
+                       description="Read a Hugging Face config.json (or a model folder holding one) and print what "
+                                   "positions each layer gets, flag fields that contradict each other or that the "
+                                   "model's code ignores, and, with transformers installed, build the model's rotary "
+                                   "modules from the config (no weights are read) and check what they compute "
+                                   "against it. Exit status 1 when something is flagged.")
+    a.add_argument("config", help="a config.json, or a folder holding one")
+    a.add_argument("--no-modules", action="store_true", help="read the config only; do not build rotary modules")
+    a.add_argument("--max-position", type=_int_range(16, 1 << 20), default=2048,
+                   help="last position the rotary modules are probed at, from 16 to 1048576 (default 2048)")
+    a.set_defaults(func=_cmd_audit, check=None, command_parser=a)
     return parser
 
 

@@ -30,7 +30,12 @@ def markdown(records: list[dict], version: str) -> str:
         f"Swept with transformers {version}: {len(records)} model types whose modeling code has a position rule; "
         + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("equal", "different", "error", "refused", "no positions",
                                                          "not built", "not run"))
-        + f". In {routed} of the equal ones posenc also rotates q and k (patched: q/k rotation).",
+        + f". In {routed} of the equal ones posenc also rotates q and k (patched: q/k rotation). "
+        + "`posenc audit` on the equal ones: " + ", ".join(
+            f"{sum(1 for r in records if r['status'] == 'equal' and r.get('audit', '').startswith(k))} {k}"
+            for k in ("agrees", "differs", "not compared"))
+        + " (not compared: no rotary module it can call as forward(x, position_ids), as in vision encoders "
+          "and attention-bias models).",
         "",
         "| model type | result | patched | layout | detail |",
         "|---|---|---|---|---|",

@@ -685,6 +685,7 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
         restored = not is_patched(model) and torch.equal(again[0], ref[0]) and \
             all(torch.equal(a, b) for a, b in zip(again[1], ref[1], strict=True)) and again[2] == ref[2]
         record["restored"] = restored
+        record["audit"] = audit(model)
         ok = prefill <= ATOL and steps <= ATOL and got[2] == ref[2] and restored
         record["status"] = "equal" if ok else "different"
         return record
@@ -693,6 +694,21 @@ def check(model_type: str, timeout: int = 180) -> dict[str, Any]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def audit(model: torch.nn.Module) -> str:
+    """``posenc.testing.audit_hf`` of the (unpatched) model in a word: ``"agrees"`` (every rotary module it
+    could call computes what the config says), ``"differs: ..."`` or ``"not compared: ..."`` (no rotary
+    module it could call: vision encoders fed patch grids, attention-bias models)."""
+    from posenc.testing import audit_hf
+
+    report = audit_hf(model, max_position=512)
+    verdicts = [m.agrees for m in report.modules]
+    if any(v is False for v in verdicts):
+        return "differs: " + "; ".join(d for m in report.modules for d in m.differences)
+    if any(verdicts):
+        return "agrees"
+    return "not compared: " + ("; ".join(m.summary for m in report.modules) or "; ".join(report.notes))
 
 
 def _positional_modules(model: torch.nn.Module) -> list[str]:

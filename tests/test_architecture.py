@@ -28,7 +28,8 @@ ALLOWED = {
     "distributed": {"core", "functional", "nn", "attn", "_validate", "_torch", "_deprecate"},
     "models": {"lab", "_deprecate"},
     "integrations": {"core", "functional", "nn", "kernels", "_validate", "_torch", "integrations", "_deprecate"},
-    "cli": {"core", "functional", "lab", "_deprecate"},
+    "cli": {"core", "functional", "lab", "testing", "_deprecate"},
+    "testing": {"core", "functional", "nn", "_validate", "_torch", "integrations", "testing", "_deprecate"},
     "__init__": set(),
     "__main__": {"cli"},
 }

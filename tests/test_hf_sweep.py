@@ -30,6 +30,8 @@ SAMPLE = {
     "recurrent_gemma": "rotary", "pix2struct": "t5", "deepseek_ocr2_vision": "rotary", "phi4_multimodal_audio": "clipped",
     "layoutlmv3": "buckets", "cpmant": "buckets",
 }
+#: Sample types whose rotary modules the audit must compare with the config (and find equal).
+AUDITED = {"llama", "gemma3", "deepseek_v3", "glm4v", "gptj", "phi3", "modernbert", "deepseek_v4"} & set(SAMPLE)
 SLOW = {"qwen3_next", "gpt_oss", "gemma3n_text", "qwen3_vl", "glm4v", "longt5", "deepseek_v3"}
 
 
@@ -47,6 +49,10 @@ def test_sample_model_type_is_accepted_and_equal(model_type):
         pytest.skip(f"{model_type} cannot be {record['status'].split()[1]} on CPU here: {record['reason']}")
     assert record["status"] == "equal", record
     assert SAMPLE[model_type] in record["patched"], record
+    # posenc.testing.audit_hf reads the same model: it must not contradict the sweep
+    assert not record["audit"].startswith("differs"), record["audit"]
+    if model_type in AUDITED:
+        assert record["audit"] == "agrees", record["audit"]
 
 
 @pytest.mark.parametrize("model_type", ["glm5_next_text", "clvp_decoder"])

@@ -409,6 +409,13 @@ def describe_rope_layout(config: object, *, rotary_dim: int | None = None) -> Ro
         flag = f"rope_interleave={config['rope_interleave']!r}" if "rope_interleave" in config else \
             "rope_interleave unset (default true)"
         return RopeLayoutSource("interleaved", f"{where}, {flag}: {adjacent}", True)
+    if "rope_interleave" in config and model_type not in (*INTERLEAVED_MODEL_TYPES, *HALF_MODEL_TYPES):
+        # DeepSeek's latent attention, as its derivatives (GLM-4 MoE Lite, Mistral 4, ...) copy it: the attention
+        # picks the rotate function by the flag's truth
+        flag = f"rope_interleave={config['rope_interleave']!r}"
+        if config["rope_interleave"]:
+            return RopeLayoutSource("interleaved", f"{where}, {flag}: {adjacent}", True)
+        return RopeLayoutSource("half", f"{where}, {flag}: {split}", True)
     if model_type in INTERLEAVED_MODEL_TYPES:
         return RopeLayoutSource("interleaved", f"{where}: {adjacent}", True)
     if model_type in HALF_MODEL_TYPES:

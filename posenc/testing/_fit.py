@@ -1,0 +1,167 @@
+"""The known rule closest to a set of measured rotary frequencies, and small numeric helpers.
+
+Frequencies measured from an implementation are compared with posenc's exact frequencies of each
+rule (:mod:`posenc.core.rope`): plain ``base^(-2i/d)``, linear position interpolation, Llama 3's
+frequency bands and YaRN's ramp, over the parameter values published configurations use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from posenc.core import rope as core_rope
+
+#: Original context lengths tried for the rules that have one (powers of two, 512 .. 262144).
+_LENGTHS = tuple(2**k for k in range(9, 19))
+#: (low_freq_factor, high_freq_factor) pairs tried for Llama 3's rule (Llama 3.1: (1, 4)).
+_LLAMA3_BANDS = ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0), (1.0, 1.0), (2.0, 8.0), (4.0, 4.0))
+#: (beta_fast, beta_slow, truncate) tried for YaRN (the paper's 32 and 1, with and without rounding).
+_YARN_BETAS = ((32.0, 1.0, True), (32.0, 1.0, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleFit:
+    """The closest known rule: ``base``, ``rule`` (None: plain RoPE) and the largest relative
+    frequency difference ``error`` from it; ``rule`` is None and ``matched`` False when no rule
+    came within the tolerance (then ``base`` is the fastest pairs' base)."""
+
+    base: float | None
+    rule: core_rope.RopeScaling | None
+    error: float
+    matched: bool
+
+    def describe(self) -> str:
+        if self.base is None:
+            return "no frequencies to fit"
+        what = describe_rule(self.rule)
+        if not self.matched:
+            return f"none within tolerance; nearest: base={self.base:g}, {what} (frequencies differ by up to {self.error:.2g})"
+        return f"base={self.base:g}, {what}"
+
+
+def snap(x: float, rtol: float = 1e-6) -> float:
+    """``x`` rounded to the fewest significant digits (up to 7) within ``rtol``: fitted 9999.99999 -> 10000."""
+    if not math.isfinite(x) or x == 0:
+        return x
+    for digits in range(1, 8):
+        r = float(f"{x:.{digits - 1}e}")
+        if abs(r - x) <= rtol * abs(x):
+            return r
+    return x
+
+
+def rule_frequencies(dim: int, base: float, rule: core_rope.RopeScaling | None,
+                     seq_len: int | None = None) -> np.ndarray:
+    """float64 frequencies ``(dim/2,)`` of ``rule`` (posenc's exact values, rounded once)."""
+    return np.array([float(f) for f in core_rope.frequencies(dim, base, rule, seq_len)], dtype=np.float64)
+
+
+def _error(freqs: np.ndarray, other: np.ndarray) -> float:
+    return float(np.max(np.abs(other / freqs - 1.0)))
+
+
+def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4) -> RuleFit:
+    """The rule whose frequencies for rotary ``dim`` lie closest to ``freqs`` (``(dim/2,)``, positive).
+
+    Every rule here keeps the ratio of neighbouring frequencies at ``base^(2/d)`` over a band of
+    pairs (all of them for plain RoPE and linear interpolation; the fast and the slow band for
+    Llama 3 and YaRN), so the base comes from the longest run of equal ratios; the per-pair scale
+    ``base^(-2i/d) / theta_i`` then tells the rules apart, tried over common parameters.
+    """
+    n = len(freqs)
+    if n == 0 or not np.all(freqs > 0):
+        return RuleFit(None, None, math.inf, False)
+    base = 10000.0 if n == 1 else _run_base(freqs, dim)      # one pair: any base gives frequency 1
+    if not base > 1:
+        return RuleFit(None, None, math.inf, False)
+    plain = rule_frequencies(dim, base, None)
+    scale = plain / freqs
+    fits = [RuleFit(base, None, _error(freqs, plain), True)]
+    top = snap(float(np.max(scale)), 1e-4)
+    if top > 1:
+        for rule in _candidates(top, uniform=bool(np.ptp(scale) <= tol * top)):
+            try:
+                other = rule_frequencies(dim, base, rule)
+            except ValueError:                           # a Llama 3 band edge exactly on a pair
+                continue
+            fits.append(RuleFit(base, rule, _error(freqs, other), True))
+    best = min(fits, key=lambda f: f.error)
+    if best.error <= tol:
+        return best
+    if fits[0].error <= 10 * best.error:                 # no rule fits: name the plain base unless a rule is far closer
+        best = fits[0]
+    return dataclasses.replace(best, matched=False)
+
+
+def describe_rule(rule: core_rope.RopeScaling | None) -> str:
+    """A rule in a few words: its class and the fields that differ from their defaults."""
+    if rule is None:
+        return "default (no scaling)"
+    shown = []
+    for field in dataclasses.fields(rule):
+        value = getattr(rule, field.name)
+        if field.default is dataclasses.MISSING or value != field.default:
+            shown.append(f"{field.name}={value:g}" if isinstance(value, float) else f"{field.name}={value!r}")
+    return f"{type(rule).__name__}({', '.join(shown)})"
+
+
+def scale_runs(freqs: np.ndarray, dim: int, base: float, *, rtol: float = 1e-4) -> str:
+    """The per-pair scale ``base^(-2i/d) / theta_i`` in words, runs of equal values joined:
+    ``"pairs 0..19: 1; 20..25: 1.2 to 6.5; 26..31: 8"``."""
+    scale = rule_frequencies(dim, base, None) / freqs
+    same = np.abs(scale[1:] / scale[:-1] - 1) <= rtol             # pair i + 1 scaled as pair i
+    parts, i, n = [], 0, len(scale)
+    while i < n:
+        j = i
+        if i + 1 < n and same[i]:
+            while j + 1 < n and same[j]:
+                j += 1
+            parts.append(f"{i}..{j}: {snap(float(scale[i]), 1e-4):g}")
+        else:
+            while j + 1 < n and not same[j] and not (j + 2 < n and same[j + 1]):
+                j += 1
+            value = f"{snap(float(scale[i]), 1e-3):g}"
+            parts.append(f"{i}: {value}" if j == i else f"{i}..{j}: {value} to {snap(float(scale[j]), 1e-3):g}")
+        i = j + 1
+    return "pairs " + "; ".join(parts)
+
+
+def _run_base(freqs: np.ndarray, dim: int) -> float:
+    """``base`` from the longest run of pairs whose neighbours' ratio agrees (to 1e-4) with the median
+    ratio, read between the run's two ends (the longer the lever, the less rounding matters)."""
+    steps = np.log(freqs[:-1] / freqs[1:])                   # log(theta_i / theta_{i+1}) = (2/d) log base
+    mid = float(np.median(steps))
+    ok = np.abs(steps - mid) <= 1e-4 * abs(mid)
+    best, start = (0, 0), -1
+    for i, good in enumerate(ok):
+        if not good:
+            start = -1
+            continue
+        start = i if start < 0 else start
+        if i + 1 - start > best[1] - best[0]:
+            best = (start, i + 1)
+    s, t = best if best[1] > best[0] else (0, 1)
+    return snap(math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s))), 1e-5)
+
+
+def _candidates(factor: float, *, uniform: bool) -> list[core_rope.RopeScaling]:
+    out: list[core_rope.RopeScaling] = [core_rope.LinearScaling(factor)]
+    if uniform:                                          # every pair scaled alike: linear interpolation
+        return out
+    for length in _LENGTHS:
+        for low, high in _LLAMA3_BANDS:
+            out.append(core_rope.Llama3Scaling(factor, length, low_freq_factor=low, high_freq_factor=high))
+        for fast, slow, truncate in _YARN_BETAS:
+            out.append(core_rope.YarnScaling(factor, length, beta_fast=fast, beta_slow=slow, truncate=truncate))
+    return out
+
+
+def ulps(values: np.ndarray, exact: np.ndarray, finfo: Any) -> np.ndarray:
+    """``|values - exact|`` in units of the last place of the dtype described by ``finfo``, at ``exact``."""
+    mag = np.maximum(np.abs(exact), float(finfo.tiny))
+    spacing = np.exp2(np.floor(np.log2(mag))) * float(finfo.eps)
+    return np.abs(values - exact) / spacing
