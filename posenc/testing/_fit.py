@@ -64,18 +64,20 @@ def _error(freqs: np.ndarray, other: np.ndarray) -> float:
     return float(np.max(np.abs(other / freqs - 1.0)))
 
 
-def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4) -> RuleFit:
+def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4, snap_rtol: float = 1e-5) -> RuleFit:
     """The rule whose frequencies for rotary ``dim`` lie closest to ``freqs`` (``(dim/2,)``, positive).
 
     Every rule here keeps the ratio of neighbouring frequencies at ``base^(2/d)`` over a band of
     pairs (all of them for plain RoPE and linear interpolation; the fast and the slow band for
     Llama 3 and YaRN), so the base comes from the longest run of equal ratios; the per-pair scale
-    ``base^(-2i/d) / theta_i`` then tells the rules apart, tried over common parameters.
+    ``base^(-2i/d) / theta_i`` then tells the rules apart, tried over common parameters.  ``tol`` is the
+    largest relative frequency difference that still matches; the base is rounded to the fewest
+    digits within ``snap_rtol``.
     """
     n = len(freqs)
     if n == 0 or not np.all(freqs > 0):
         return RuleFit(None, None, math.inf, False)
-    base = 10000.0 if n == 1 else _run_base(freqs, dim)      # one pair: any base gives frequency 1
+    base = 10000.0 if n == 1 else _run_base(freqs, dim, snap_rtol)      # one pair: any base gives frequency 1
     if not base > 1:
         return RuleFit(None, None, math.inf, False)
     plain = rule_frequencies(dim, base, None)
@@ -130,7 +132,7 @@ def scale_runs(freqs: np.ndarray, dim: int, base: float, *, rtol: float = 1e-4) 
     return "pairs " + "; ".join(parts)
 
 
-def _run_base(freqs: np.ndarray, dim: int) -> float:
+def _run_base(freqs: np.ndarray, dim: int, snap_rtol: float) -> float:
     """``base`` from the longest run of pairs whose neighbours' ratio agrees (to 1e-4) with the median
     ratio, read between the run's two ends (the longer the lever, the less rounding matters)."""
     steps = np.log(freqs[:-1] / freqs[1:])                   # log(theta_i / theta_{i+1}) = (2/d) log base
@@ -145,7 +147,7 @@ def _run_base(freqs: np.ndarray, dim: int) -> float:
         if i + 1 - start > best[1] - best[0]:
             best = (start, i + 1)
     s, t = best if best[1] > best[0] else (0, 1)
-    return snap(math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s))), 1e-5)
+    return snap(math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s))), snap_rtol)
 
 
 def _candidates(factor: float, *, uniform: bool) -> list[core_rope.RopeScaling]:

@@ -104,7 +104,9 @@ class Probe:
                 continue
             return result
         self._batched = None
-        assert error is not None
+        assert error is not None                   # the loop ran at least once
+        if not isinstance(error, (TypeError, ValueError)):
+            raise error                            # the user's code failed on its own: its error as it is
         raise type(error)(f"calling fn as call={self.call!r} failed on probe inputs (positions tried as (1, S) and "
                           f"(S,)): {error}") from error
 

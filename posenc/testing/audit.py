@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from posenc import _validate
 from posenc.core import hf_config as core_hf
 from posenc.core.rope import HF_ROPE_TYPES
 from posenc.core.schedule import PositionSchedule
@@ -124,6 +125,8 @@ def audit_hf(config_or_model: Any, *, inspect_modules: bool = True, max_position
         >>> print(report.warnings[0])
         factor x original_max_position_embeddings = 8 x 8192 = 65536, but max_position_embeddings = 131072: the llama3 rule interpolates for 65536 positions; check which length the model was trained to
     """
+    _validate.check_bool("inspect_modules", inspect_modules)
+    max_position = _validate.check_int("max_position", max_position, minimum=16)
     model, config = _resolve(config_or_model)
     d = core_hf.config_dict(config)
     text = d.get("text_config")

@@ -294,7 +294,9 @@ def run_probes(fn: Any, *, head_dim: int, call: str, cos_sin: Any, qk_format: st
         ordered, freqs_fit, signs = [ordered[i] for i in order], freqs_fit[order], signs[order]
     slot_index = _slot_index(ordered, layout, rotary_dim, rotated, d)
     frequencies[slot_index] = freqs_fit
-    fit = _fit.closest_rule(frequencies, rotary_dim) if np.all(frequencies > 0) else \
+    eps = float(torch.finfo(dtypes[0]).eps)            # frequencies fitted in a 16-bit dtype are known less well
+    fit = _fit.closest_rule(frequencies, rotary_dim, tol=max(1e-4, 4 * eps), snap_rtol=max(1e-5, eps)) \
+        if np.all(frequencies > 0) else \
         _fit.RuleFit(None, None, math.inf, False)
     if rotated and fit.base is None:
         findings.append("the frequencies could not be fitted (a pair with zero frequency, or fewer than one per slot)")

@@ -106,6 +106,7 @@ def inspect_table(table: Any, *, rows: int = 2048, base: float | None = None,
         base = _validate.check_float("base", base, positive=True)
     values, dtype = _values(table, _validate.check_int("rows", rows, minimum=4))
     p, d = values.shape
+    noise = 8 * float(_finfo(dtype).eps)          # how far a fitted frequency may sit off, in the table's precision
     findings: list[str] = []
     best: tuple[float, str, np.ndarray, float] | None = None
     for layout in core_sin.SINUSOIDAL_LAYOUTS:
@@ -113,7 +114,7 @@ def inspect_table(table: Any, *, rows: int = 2048, base: float | None = None,
         if fitted is None:
             continue
         freqs, residual = fitted
-        fb, err = _base(freqs, d, layout)
+        fb, err = _base(freqs, d, layout, noise)
         score = max(residual, err)
         if best is None or score < best[0] or (math.isclose(score, best[0], rel_tol=0.5) and _rounder(fb, best[3])):
             best = (score, layout, freqs, fb)
@@ -127,8 +128,8 @@ def inspect_table(table: Any, *, rows: int = 2048, base: float | None = None,
         return TableReport(p, d, dtype, "unknown", None, np.zeros(0), math.inf, (), None, threshold_ulps, collision,
                            tuple(findings))
     _, layout, freqs, fitted_base = best
-    fit_error = _base(freqs, d, layout)[1]
-    if fit_error > 1e-4:
+    fit_error = _base(freqs, d, layout, noise)[1]
+    if fit_error > max(1e-4, noise):
         findings.append(f"the frequencies are not the geometric sequence of one base in the {layout} layout (off by "
                         f"{fit_error:.2g}): a mistyped exponent")
     if base is not None and not math.isclose(fitted_base, base, rel_tol=1e-5):
@@ -200,14 +201,14 @@ def _fit_layout(values: np.ndarray, layout: str) -> tuple[np.ndarray, float] | N
     return omega, residual
 
 
-def _base(freqs: np.ndarray, d: int, layout: str) -> tuple[float, float]:
-    """The base whose frequencies in ``layout`` fit ``freqs`` (read between the first and last pair)
-    and the largest relative difference."""
+def _base(freqs: np.ndarray, d: int, layout: str, noise: float) -> tuple[float, float]:
+    """The base whose frequencies in ``layout`` fit ``freqs`` (read between the first and last pair,
+    rounded to the fewest digits within ``noise``) and the largest relative difference."""
     n = len(freqs)
     if n < 2 or not np.all(freqs > 0):
         return 10000.0, math.inf if n >= 2 else 0.0
     exponent = (n - 1) / max(n - 1, 1) if layout == "tensor2tensor" else 2 * (n - 1) / d
-    fitted = _fit.snap(float((freqs[0] / freqs[-1]) ** (1.0 / exponent)), 1e-5)
+    fitted = _fit.snap(float((freqs[0] / freqs[-1]) ** (1.0 / exponent)), max(1e-5, noise))
     if not fitted > 1:
         return fitted, math.inf
     want = np.array([float(f) for f in core_sin.frequencies(d, fitted, layout)])[:n]
