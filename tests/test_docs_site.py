@@ -103,7 +103,7 @@ API_PAGES = sorted(API.glob("*.md"))
 
 
 @pytest.mark.parametrize("module_name", ["posenc", "posenc.functional", "posenc.nn", "posenc.keras", "posenc.attn",
-                                         "posenc.integrations.transformers"])
+                                         "posenc.integrations.transformers", "posenc.testing"])
 def test_every_public_name_has_an_api_entry(module_name):
     if module_name == "posenc.keras":
         pytest.importorskip("keras")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import posenc
+from posenc.core.hf_config import describe_rope_layout
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
@@ -128,6 +129,15 @@ def test_raw_config_json_of_each_family():
     assert posenc.rope_scaling_from_hf(GPTJ_JSON) == (10000.0, 64, None)
     assert posenc.rope_layout_from_hf(GPTJ_JSON) == "interleaved"
     assert posenc.rope_layout_from_hf(NEOX_JSON) == "half"
+
+
+@pytest.mark.parametrize("flag, layout", [(True, "interleaved"), (False, "half"), (None, "half")])
+def test_rope_interleave_decides_in_any_model_type(flag, layout):
+    """DeepSeek's latent attention, copied by other model types (GLM-4 MoE Lite, Mistral 4), picks its rotate
+    function by ``if config.rope_interleave``: the flag names the layout whatever the model type."""
+    found = describe_rope_layout({**DEEPSEEK_V3_JSON, "model_type": "glm4_moe_lite", "rope_interleave": flag})
+    assert (found.layout, found.known) == (layout, True)
+    assert f"rope_interleave={flag!r}" in found.reason
 
 
 @pytest.mark.parametrize(

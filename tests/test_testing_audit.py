@@ -47,6 +47,14 @@ def test_contradicting_fields_are_flagged(extra, flag):
     assert not report.ok
 
 
+def test_the_config_given_is_left_as_it_was():
+    pytest.importorskip("transformers")                 # its config classes edit nested dicts in place
+    config = json.loads(json.dumps({**LLAMA31, "partial_rotary_factor": 0.5}))
+    before = json.dumps(config, sort_keys=True)
+    audit_hf(config, max_position=64)
+    assert json.dumps(config, sort_keys=True) == before
+
+
 def test_the_models_rotary_module_is_built_from_the_config_and_agrees():
     pytest.importorskip("transformers")
     report = audit_hf(LLAMA31, max_position=1024)

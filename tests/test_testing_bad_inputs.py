@@ -8,6 +8,9 @@ against these cases.
 
 from __future__ import annotations
 
+import pathlib
+import tempfile
+
 import numpy as np
 import pytest
 import torch
@@ -145,8 +148,8 @@ for _id, _call, _exc, _match in [
     bad("audit_hf", _id, _call, _exc, _match)
 
 
-def _not_json(tmp=__import__("tempfile").mkdtemp()):
-    path = __import__("pathlib").Path(tmp) / "config.json"
+def _not_json():
+    path = pathlib.Path(tempfile.mkdtemp()) / "config.json"
     path.write_text("{not json")
     return audit_hf(path)
 

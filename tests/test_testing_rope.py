@@ -273,3 +273,17 @@ def test_report_is_a_frozen_record():
     with pytest.raises(AttributeError):
         report.layout = "x"  # type: ignore[misc]
     assert math.isfinite(report.relative_error)
+
+
+def test_rotary_embedding_torch_itself():
+    """The peer library as its users call it: adjacent pairs, base 10000, exact to float32 rounding."""
+    ret = pytest.importorskip("rotary_embedding_torch")
+    rot = ret.RotaryEmbedding(dim=32, cache_if_possible=False)
+
+    def fn(q, k, positions):
+        freqs = rot(positions.reshape(-1).float())                   # (S, 32): each frequency twice, adjacent
+        return ret.apply_rotary_emb(freqs, q), ret.apply_rotary_emb(freqs, k)
+
+    report = assert_rope_close(fn, _spec("interleaved", dim=32), head_dim=48, max_position=1024)
+    assert (report.layout, report.placement, report.rotary_dim, report.base) == ("interleaved", "leading", 32, 1e4)
+    _raises(fn, _spec("half", dim=32), "pair layout", head_dim=48)

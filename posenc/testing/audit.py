@@ -11,6 +11,7 @@ layout they compute are compared with what the configuration says.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import inspect as _inspect
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import pathlib
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +33,8 @@ from posenc.core.schedule import PositionSchedule
 from posenc.testing import _fit
 from posenc.testing.rope import inspect_rope
 
+#: Columns a printed report is wrapped at.
+_WIDTH = 78
 #: Rope types whose ``factor`` stretches ``original_max_position_embeddings`` to the model's context.
 _STRETCHING = ("linear", "dynamic", "yarn", "llama3", "longrope")
 
@@ -77,23 +81,23 @@ class AuditReport:
         return not self.flags and all(m.agrees is not False for m in self.modules)
 
     def __str__(self) -> str:
-        lines = [f"posenc audit: model_type={self.model_type!r}", f"  context: {self.context}",
-                 f"  layout:  {self.layout}", "  layers:"]
+        def wrap(text: str, indent: int, hang: int = 2) -> list[str]:
+            return textwrap.wrap(text, _WIDTH, initial_indent=" " * indent, subsequent_indent=" " * (indent + hang),
+                                 break_on_hyphens=False, break_long_words=False)
+
+        lines = [f"posenc audit: model_type={self.model_type!r}", *wrap(f"context: {self.context}", 2),
+                 *wrap(f"layout: {self.layout}", 2), "  layers:"]
         lines += [f"    {row}" for row in self.schedule.splitlines()]
         lines.append("  rotary modules:" + (" none inspected" if not self.modules else ""))
         for m in self.modules:
             verdict = {True: "agrees with the config", False: "DIFFERS from the config", None: "not compared"}[m.agrees]
             where = m.name + (f" [{m.layer_type}]" if m.layer_type else "")
-            lines.append(f"    {where}: {verdict}; {m.summary}")
-            lines += [f"      - {d}" for d in m.differences]
-        lines.append("  flags:" + (" none" if not self.flags else ""))
-        lines += [f"    - {f}" for f in self.flags]
-        if self.warnings:
-            lines.append("  warnings:")
-            lines += [f"    - {w}" for w in self.warnings]
-        if self.notes:
-            lines.append("  notes:")
-            lines += [f"    - {n}" for n in self.notes]
+            lines += wrap(f"{where}: {verdict}; {m.summary}", 4)
+            lines += [line for d in m.differences for line in wrap(f"- {d}", 6)]
+        for title, items in (("flags", self.flags), ("warnings", self.warnings), ("notes", self.notes)):
+            if items or title == "flags":
+                lines.append(f"  {title}:" + (" none" if not items else ""))
+                lines += [line for item in items for line in wrap(f"- {item}", 4)]
         return "\n".join(lines)
 
 
@@ -134,9 +138,9 @@ def audit_hf(config_or_model: Any, *, inspect_modules: bool = True, max_position
     model_type = str(d.get("model_type") or "?")
     notes: list[str] = []
     try:
-        schedule = PositionSchedule.from_hf(d).table()
+        schedule = PositionSchedule.from_hf(_as_transformers_reads_it(config)).table()
     except (ValueError, TypeError) as e:
-        schedule = f"(not read: {e})"
+        schedule = "\n".join(textwrap.wrap(f"(not read: {e})", _WIDTH - 4, break_on_hyphens=False))
     flags, warnings = _flags(level)
     context = _context(level)
     try:
@@ -187,6 +191,19 @@ def _resolve(obj: Any) -> tuple[Any, Any]:
         return None, obj
     raise TypeError(f"config_or_model must be a path, a config.json dict, a PretrainedConfig or a model, got "
                     f"{type(obj).__name__}")
+
+
+def _as_transformers_reads_it(config: Any) -> Any:
+    """A ``config.json`` dict through transformers' config class when it is installed: the class fills in
+    what the model derives (``layer_types`` from ``use_sliding_window`` and ``max_window_layers``, say);
+    the dict as it is otherwise."""
+    if not isinstance(config, Mapping) or not config.get("model_type"):
+        return config
+    try:
+        transformers = importlib.import_module("transformers")
+        return transformers.AutoConfig.for_model(**copy.deepcopy(dict(config)))    # it edits nested dicts
+    except Exception:                                 # noqa: BLE001 -- not installed, or a type it does not know
+        return config
 
 
 def _params(d: Mapping[str, Any]) -> list[tuple[str | None, Mapping[str, Any]]]:
@@ -264,7 +281,7 @@ def _rotary_modules(model: Any, config: Any) -> list[tuple[str, torch.nn.Module]
                           "cannot be built from the config") from e
     d = core_hf.config_dict(config)
     if not hasattr(config, "to_dict"):
-        config = transformers.AutoConfig.for_model(**d)
+        config = transformers.AutoConfig.for_model(**copy.deepcopy(d))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     names = importlib.import_module("transformers.models.auto.modeling_auto").MODEL_MAPPING_NAMES
     class_name = names.get(text.model_type) or names.get(d.get("model_type"))

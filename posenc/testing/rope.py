@@ -139,8 +139,7 @@ class RopeReport:
         width = max(len(k) for k, _ in rows)
         lines = [f"RoPE report: head_dim={self.head_dim}, call={self.call!r}, positions 0..{self.max_position}"]
         lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
-        lines.append(f"  precision against posenc's exact table (ulp of the dtype; over {self.threshold_ulps:g} ulp "
-                     "from the first position shown):")
+        lines.append("  precision against posenc's exact table, in ulp of the dtype:")
         lines.append("    dtype      positions        max ulp     max abs")
         for r in self.precision:
             lines.append(f"    {r.dtype:<9}  {f'{r.start}..{r.stop - 1}':<15}  {r.max_ulps:>8.3g}  {r.max_abs:>10.3g}")
@@ -266,7 +265,8 @@ def run_probes(fn: Any, *, head_dim: int, call: str, cos_sin: Any, qk_format: st
     if probe.call == "cos_sin":
         direction = key_direction = "assumed standard"
     elif rotated and direction != key_direction:
-        findings.append(f"q rotates {direction} but k rotates {key_direction}: scores depend on m + n, not m - n")
+        findings.append(f"q rotates {direction} but k rotates {key_direction}: scores then depend on the sum of the "
+                        "positions, not on their distance")
     elif direction == "reversed":
         findings.append("both q and k rotate by -theta (e_a -> cos e_a - sin e_b): the mirror image of RoFormer's "
                         "rotation, so weights trained with the usual direction read every distance negated")
