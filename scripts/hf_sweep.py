@@ -32,8 +32,8 @@ def markdown(records: list[dict], version: str) -> str:
                                                          "not built", "not run"))
         + f". In {routed} of the equal ones posenc also rotates q and k (patched: q/k rotation). "
         + "`posenc audit` on the equal ones: " + ", ".join(
-            f"{sum(1 for r in records if r['status'] == 'equal' and r.get('audit', '').startswith(k))} {k}"
-            for k in ("agrees", "differs", "not compared"))
+            f"{sum(1 for r in records if r['status'] == 'equal' and r.get('audit', '').startswith(k))} {word}"
+            for k, word in (("agrees", "agree"), ("differs", "differ"), ("not compared", "not compared")))
         + " (not compared: no rotary module it can call as forward(x, position_ids), as in vision encoders "
           "and attention-bias models).",
         "",

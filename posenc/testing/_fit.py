@@ -162,6 +162,20 @@ def _candidates(factor: float, *, uniform: bool) -> list[core_rope.RopeScaling]:
     return out
 
 
+def frequencies_from_angles(theta: np.ndarray) -> np.ndarray:
+    """Each column's frequency from its angles ``theta`` ``(P, n)`` (mod 2 pi) at positions ``0 .. P-1``:
+    read at position 1, then refined at positions 2, 4, 8, ... (the turns counted from the estimate so
+    far).  Powers of two are exact in every float format, so a table whose positions were rounded to a
+    16-bit float still gives the frequencies it was built with."""
+    omega = theta[1].copy()
+    p = 2
+    while p < theta.shape[0]:
+        turns = np.round((omega * p - theta[p]) / (2 * math.pi))
+        omega = (theta[p] + 2 * math.pi * turns) / p
+        p *= 2
+    return omega
+
+
 def ulps(values: np.ndarray, exact: np.ndarray, finfo: Any) -> np.ndarray:
     """``|values - exact|`` in units of the last place of the dtype described by ``finfo``, at ``exact``."""
     mag = np.maximum(np.abs(exact), float(finfo.tiny))

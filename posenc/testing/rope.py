@@ -419,18 +419,11 @@ def _angles(out: np.ndarray, ordered: list[tuple[int, int]], signs: np.ndarray) 
 
 def _fit_frequencies(out: np.ndarray, ordered: list[tuple[int, int]],
                      signs: np.ndarray) -> tuple[np.ndarray, float]:
-    """Per-pair frequency, refined over positions 1, 2, 4, ... (powers of two are exact in every
-    float format, so a table built in low precision still gives its frequencies), and the factor."""
+    """Per-pair frequency (:func:`posenc.testing._fit.frequencies_from_angles`) and the factor."""
     if not ordered:
         return np.zeros(0), 1.0
     theta, radius = _angles(out, ordered, signs)
-    omega = theta[1].copy()
-    p = 2
-    while p < out.shape[0]:
-        turns = np.round((omega * p - theta[p]) / (2 * math.pi))
-        omega = (theta[p] + 2 * math.pi * turns) / p
-        p *= 2
-    return omega, float(np.median(radius[1:]))
+    return _fit.frequencies_from_angles(theta), float(np.median(radius[1:]))
 
 
 def _relative(probe: Probe, d: int, max_position: int, dtype: torch.dtype) -> float:

@@ -191,14 +191,7 @@ def _fit_layout(values: np.ndarray, layout: str) -> tuple[np.ndarray, float] | N
     if not (np.allclose(s[0], 0, atol=1e-2) and np.allclose(c[0], 1, atol=1e-2)):
         return None
     residual = float(np.abs(np.hypot(s, c) - 1).max())
-    theta = np.arctan2(s, c)
-    omega = theta[1].copy()
-    p = 2
-    while p < values.shape[0]:
-        turns = np.round((omega * p - theta[p]) / (2 * math.pi))
-        omega = (theta[p] + 2 * math.pi * turns) / p
-        p *= 2
-    return omega, residual
+    return _fit.frequencies_from_angles(np.arctan2(s, c)), residual
 
 
 def _base(freqs: np.ndarray, d: int, layout: str, noise: float) -> tuple[float, float]:
