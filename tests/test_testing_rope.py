@@ -287,3 +287,15 @@ def test_rotary_embedding_torch_itself():
     report = assert_rope_close(fn, _spec("interleaved", dim=32), head_dim=48, max_position=1024)
     assert (report.layout, report.placement, report.rotary_dim, report.base) == ("interleaved", "leading", 32, 1e4)
     _raises(fn, _spec("half", dim=32), "pair layout", head_dim=48)
+
+
+def test_an_attention_factor_is_part_of_yarn_and_a_finding_elsewhere():
+    """DeepSeek sets YaRN's mscale and mscale_all_dim equal: cos and sin unscaled.  That is still YaRN (its
+    attention factor is a parameter); a factor on plain RoPE is no rule's."""
+    deepseek = peer_rope.make_hf(D, rope_oracle.yarn(D, 10000.0, 40.0, 4096),
+                                 attention_factor=rope_oracle.yarn_attention_factor(40.0, 1.0, 1.0))
+    report = inspect_rope(deepseek, head_dim=D, max_position=2048)
+    assert report.rule == YarnScaling(40.0, 4096, attention_factor_override=1.0) and report.findings == ()
+    scaled = inspect_rope(peer_rope.make_hf(D, attention_factor=1.25), head_dim=D, max_position=512)
+    assert scaled.attention_factor == pytest.approx(1.25) and scaled.rule is None
+    assert any("cos and sin are scaled by 1.25" in f for f in scaled.findings)

@@ -304,9 +304,7 @@ def run_probes(fn: Any, *, head_dim: int, call: str, cos_sin: Any, qk_format: st
         findings.append(f"no known rule matches the frequencies (nearest: base={fit.base:g}, "
                         f"{_fit.describe_rule(fit.rule)}, off by up to {fit.error:.2g}; "
                         f"{_fit.scale_runs(frequencies, rotary_dim, fit.base)} of base^(-2i/d))")
-    if fit.matched and fit.rule is not None and abs(factor - fit.rule.attention_factor()) > 1e-3 * factor:
-        findings.append(f"the attention factor is {factor:.6g} but {type(fit.rule).__name__} uses "
-                        f"{fit.rule.attention_factor():.6g}")
+    fit = _with_factor(fit, factor, findings) if rotated else fit
 
     # 3. the relative property, 4. decode, 5. collisions and precision
     relative_error = _relative(probe, d, max_position, dtypes[0]) if rotated else 0.0
@@ -333,6 +331,20 @@ def run_probes(fn: Any, *, head_dim: int, call: str, cos_sin: Any, qk_format: st
         findings=tuple(findings),
     )
     return ProbeRun(report, full, ordered, signs, slot_index)
+
+
+def _with_factor(fit: _fit.RuleFit, factor: float, findings: list[str]) -> _fit.RuleFit:
+    """The fit with the measured attention factor: YaRN takes any factor (``attention_factor``, or its
+    ``mscale`` pair, as DeepSeek sets it); for the other rules a factor other than theirs is a finding."""
+    rule = fit.rule
+    expected = 1.0 if rule is None else rule.attention_factor()
+    if not fit.matched or abs(factor - expected) <= 1e-3 * max(abs(factor), 1e-30):
+        return fit
+    if isinstance(rule, core_rope.YarnScaling) and factor > 0:
+        return dataclasses.replace(fit, rule=dataclasses.replace(rule, attention_factor_override=_fit.snap(factor, 1e-5)))
+    findings.append(f"cos and sin are scaled by {factor:.6g}, which {_fit.describe_rule(rule)} does not do "
+                    f"(its factor is {expected:g})")
+    return fit
 
 
 def _check_dtypes(dtypes: Any) -> tuple[torch.dtype, ...]:
