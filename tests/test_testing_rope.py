@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.core.rope import LinearScaling, Llama3Scaling, YarnScaling
+from posenc.core.rope import LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
 from posenc.testing import RopeReport, assert_rope_close, inspect_rope
 from tests.reference import peer_rope, rope_oracle
 
@@ -299,3 +299,23 @@ def test_an_attention_factor_is_part_of_yarn_and_a_finding_elsewhere():
     scaled = inspect_rope(peer_rope.make_hf(D, attention_factor=1.25), head_dim=D, max_position=512)
     assert scaled.attention_factor == pytest.approx(1.25) and scaled.rule is None
     assert any("cos and sin are scaled by 1.25" in f for f in scaled.findings)
+
+
+def test_per_pair_factors_are_read_as_longrope():
+    """LongRoPE's searched factors follow no formula: they are read back one per pair (Phi-3's form; its fast
+    pairs keep factors near 1, which fixes the base)."""
+    short = [1.0 if i < 12 else 1.0 + 0.075 * (i - 11) for i in range(D // 2)]
+    freqs = rope_oracle.longrope(D, 10000.0, short, short, 4096, None)
+    report = inspect_rope(peer_rope.make_hf(D, freqs, attention_factor=1.19), head_dim=D, max_position=2048)
+    assert isinstance(report.rule, LongRopeScaling) and report.findings == ()
+    np.testing.assert_allclose(report.rule.short_factor, short, rtol=1e-5)
+    assert report.rule.attention_factor() == pytest.approx(1.19)
+    assert report.base == 10000.0 and "one factor per pair, 1 to 2.5" in report.fit.describe()
+    config = {"model_type": "phi3", "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0,
+              "max_position_embeddings": 16384, "rope_scaling": {"rope_type": "longrope", "short_factor": short,
+              "long_factor": [2 * x for x in short], "original_max_position_embeddings": 4096,
+              "attention_factor": 1.19}}
+    assert_rope_close(peer_rope.make_hf(D, freqs, attention_factor=1.19), config, head_dim=D, max_position=2048)
+    msg = _raises(peer_rope.make_hf(D, freqs / 2, attention_factor=1.19), config, "scaling: fn applies "
+                  r"LongRopeScaling\(one factor per pair, 2 to 5", max_position=2048)
+    assert "the reference applies LongRopeScaling(short factors 1 to 2.5, long factors 2 to 5" in msg

@@ -15,6 +15,8 @@ import numpy as np
 
 from posenc.core import rope as core_rope
 
+#: The original length of a per-pair (LongRoPE) fit, whose short and long factors are the same measured ones.
+_ANY_LENGTH = 2**53
 #: Original context lengths tried for the rules that have one (powers of two, 512 .. 262144).
 _LENGTHS = tuple(2**k for k in range(9, 19))
 #: (low_freq_factor, high_freq_factor) pairs tried for Llama 3's rule (Llama 3.1: (1, 4)).
@@ -94,15 +96,38 @@ def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4, snap_rtol: f
     best = min(fits, key=lambda f: f.error)
     if best.error <= tol:
         return best
+    per_pair = _per_pair(scale, tol)
+    if per_pair is not None:
+        return RuleFit(base, per_pair, _error(freqs, rule_frequencies(dim, base, per_pair)), True)
     if fits[0].error <= 10 * best.error:                 # no rule fits: name the plain base unless a rule is far closer
         best = fits[0]
     return dataclasses.replace(best, matched=False)
+
+
+def _per_pair(scale: np.ndarray, tol: float) -> core_rope.LongRopeScaling | None:
+    """LongRoPE's form, one factor per pair, when no parametric rule fits: every factor stretches (>= 1)
+    and the factors grow with the wavelength (a dip of 2% allowed), as searched factors do; a pattern that
+    scales fast pairs more than slow ones is no rule's.  Per-pair factors can absorb any base; the base is
+    the one read from the run of pairs the factors leave in a geometric sequence (the fast pairs, which
+    LongRoPE keeps near 1)."""
+    if np.any(scale < 1 - tol) or np.any(scale[1:] < 0.98 * scale[:-1]):
+        return None
+    factors = tuple(snap(float(x), 1e-6) for x in scale)
+    return core_rope.LongRopeScaling(factors, factors, _ANY_LENGTH)
 
 
 def describe_rule(rule: core_rope.RopeScaling | None) -> str:
     """A rule in a few words: its class and the fields that differ from their defaults."""
     if rule is None:
         return "default (no scaling)"
+    if isinstance(rule, core_rope.LongRopeScaling):                # factor lists in a few words
+        extra = "" if rule.attention_factor_override is None else f", attention_factor={rule.attention_factor():g}"
+        short = f"{min(rule.short_factor):g} to {max(rule.short_factor):g}"
+        if rule.original_max_seq_len == _ANY_LENGTH:
+            return f"LongRopeScaling(one factor per pair, {short}{extra})"
+        return (f"LongRopeScaling(short factors {short}, long factors {min(rule.long_factor):g} to "
+                f"{max(rule.long_factor):g}, original_max_seq_len={rule.original_max_seq_len}, "
+                f"factor={rule.factor:g}{extra})")
     shown = []
     for field in dataclasses.fields(rule):
         value = getattr(rule, field.name)
@@ -133,20 +158,16 @@ def scale_runs(freqs: np.ndarray, dim: int, base: float, *, rtol: float = 1e-4) 
 
 
 def _run_base(freqs: np.ndarray, dim: int, snap_rtol: float) -> float:
-    """``base`` from the longest run of pairs whose neighbours' ratio agrees (to 1e-4) with the median
-    ratio, read between the run's two ends (the longer the lever, the less rounding matters)."""
+    """``base`` from the longest run of pairs whose neighbours' ratios agree (to 1e-4), read between the
+    run's two ends (the longer the lever, the less rounding matters); the fastest run wins a tie."""
     steps = np.log(freqs[:-1] / freqs[1:])                   # log(theta_i / theta_{i+1}) = (2/d) log base
-    mid = float(np.median(steps))
-    ok = np.abs(steps - mid) <= 1e-4 * abs(mid)
-    best, start = (0, 0), -1
-    for i, good in enumerate(ok):
-        if not good:
-            start = -1
-            continue
-        start = i if start < 0 else start
-        if i + 1 - start > best[1] - best[0]:
-            best = (start, i + 1)
-    s, t = best if best[1] > best[0] else (0, 1)
+    best, start = (0, 1), 0
+    for i in range(1, len(steps) + 1):
+        if i == len(steps) or abs(steps[i] - steps[start]) > 1e-4 * abs(steps[start]):
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+            start = i
+    s, t = best                                              # steps s .. t-1: pairs s .. t
     return snap(math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s))), snap_rtol)
 
 

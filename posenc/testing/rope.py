@@ -334,13 +334,14 @@ def run_probes(fn: Any, *, head_dim: int, call: str, cos_sin: Any, qk_format: st
 
 
 def _with_factor(fit: _fit.RuleFit, factor: float, findings: list[str]) -> _fit.RuleFit:
-    """The fit with the measured attention factor: YaRN takes any factor (``attention_factor``, or its
-    ``mscale`` pair, as DeepSeek sets it); for the other rules a factor other than theirs is a finding."""
+    """The fit with the measured attention factor: YaRN and LongRoPE take any factor (``attention_factor``,
+    or YaRN's ``mscale`` pair as DeepSeek sets it); for the other rules a factor other than theirs is a
+    finding."""
     rule = fit.rule
     expected = 1.0 if rule is None else rule.attention_factor()
     if not fit.matched or abs(factor - expected) <= 1e-3 * max(abs(factor), 1e-30):
         return fit
-    if isinstance(rule, core_rope.YarnScaling) and factor > 0:
+    if isinstance(rule, (core_rope.YarnScaling, core_rope.LongRopeScaling)) and factor > 0:
         return dataclasses.replace(fit, rule=dataclasses.replace(rule, attention_factor_override=_fit.snap(factor, 1e-5)))
     findings.append(f"cos and sin are scaled by {factor:.6g}, which {_fit.describe_rule(rule)} does not do "
                     f"(its factor is {expected:g})")
