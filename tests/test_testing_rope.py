@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.core.rope import LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
+from posenc.core.rope import LinearScaling, Llama3Scaling, LongRopeScaling, NTKScaling, YarnScaling
 from posenc.testing import RopeReport, assert_rope_close, inspect_rope
 from tests.reference import peer_rope, rope_oracle
 
@@ -172,18 +172,19 @@ def test_another_pairing_is_reported_as_a_permutation():
 # ---- the closest rule ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rule, freqs, factor", [
-    (LinearScaling(4.0), rope_oracle.linear(D, 10000.0, 4.0), 1.0),
-    (Llama3Scaling(8.0, 8192), rope_oracle.llama3(D, 500000.0, 8.0, 8192), 1.0),
-    (Llama3Scaling(32.0, 2048, low_freq_factor=1.0, high_freq_factor=2.0),
+@pytest.mark.parametrize("rule, base, freqs, factor", [
+    (LinearScaling(4.0), 10000.0, rope_oracle.linear(D, 10000.0, 4.0), 1.0),
+    (NTKScaling(4.0), 10000.0, rope_oracle.ntk(D, 10000.0, 4.0), 1.0),
+    (NTKScaling(8.0), 500000.0, rope_oracle.ntk(D, 500000.0, 8.0), 1.0),
+    (Llama3Scaling(8.0, 8192), 500000.0, rope_oracle.llama3(D, 500000.0, 8.0, 8192), 1.0),
+    (Llama3Scaling(32.0, 2048, low_freq_factor=1.0, high_freq_factor=2.0), 500000.0,
      rope_oracle.llama3(D, 500000.0, 32.0, 2048, 1.0, 2.0), 1.0),
-    (YarnScaling(16.0, 4096), rope_oracle.yarn(D, 500000.0, 16.0, 4096), rope_oracle.yarn_attention_factor(16.0)),
-    (YarnScaling(4.0, 32768, truncate=False), rope_oracle.yarn(D, 1e6, 4.0, 32768, truncate=False),
+    (YarnScaling(16.0, 4096), 500000.0, rope_oracle.yarn(D, 500000.0, 16.0, 4096),
+     rope_oracle.yarn_attention_factor(16.0)),
+    (YarnScaling(4.0, 32768, truncate=False), 1e6, rope_oracle.yarn(D, 1e6, 4.0, 32768, truncate=False),
      rope_oracle.yarn_attention_factor(4.0)),
-], ids=["linear", "llama3", "llama3-bands", "yarn", "yarn-untruncated"])
-def test_the_closest_rule_is_found_with_its_parameters(rule, freqs, factor):
-    base = 10000.0 if isinstance(rule, LinearScaling) else 500000.0 if "4096" in repr(rule) or \
-        isinstance(rule, Llama3Scaling) else 1e6
+], ids=["linear", "ntk", "ntk-500k", "llama3", "llama3-bands", "yarn", "yarn-untruncated"])
+def test_the_closest_rule_is_found_with_its_parameters(rule, base, freqs, factor):
     fn = peer_rope.make_hf(D, freqs, attention_factor=factor)
     report = inspect_rope(fn, head_dim=D, max_position=2048)
     assert report.fit.matched and report.base == base and report.rule == rule, report.fit.describe()

@@ -17,6 +17,8 @@ from posenc.core import rope as core_rope
 
 #: The original length of a per-pair (LongRoPE) fit, whose short and long factors are the same measured ones.
 _ANY_LENGTH = 2**53
+#: NTK-aware factors tried when a fitted base is not round (Code Llama's and Hunyuan's among them).
+_NTK_FACTORS = (2.0, 3.0, 4.0, 8.0, 16.0, 32.0, 64.0, 100.0, 1000.0)
 #: Original context lengths tried for the rules that have one (powers of two, 512 .. 262144).
 _LENGTHS = tuple(2**k for k in range(9, 19))
 #: (low_freq_factor, high_freq_factor) pairs tried for Llama 3's rule (Llama 3.1: (1, 4)).
@@ -79,12 +81,13 @@ def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4, snap_rtol: f
     n = len(freqs)
     if n == 0 or not np.all(freqs > 0):
         return RuleFit(None, None, math.inf, False)
-    base = 10000.0 if n == 1 else _run_base(freqs, dim, snap_rtol)      # one pair: any base gives frequency 1
+    raw = 10000.0 if n == 1 else _run_base(freqs, dim)                 # one pair: any base gives frequency 1
+    base = snap(raw, snap_rtol)
     if not base > 1:
         return RuleFit(None, None, math.inf, False)
     plain = rule_frequencies(dim, base, None)
     scale = plain / freqs
-    fits = [RuleFit(base, None, _error(freqs, plain), True)]
+    fits = [_ntk(raw, dim, RuleFit(base, None, _error(freqs, plain), True), freqs, snap_rtol)]
     top = snap(float(np.max(scale)), 1e-4)
     if top > 1:
         for rule in _candidates(top, uniform=bool(np.ptp(scale) <= tol * top)):
@@ -136,6 +139,25 @@ def describe_rule(rule: core_rope.RopeScaling | None) -> str:
     return f"{type(rule).__name__}({', '.join(shown)})"
 
 
+def _digits(x: float) -> int:
+    """Significant digits ``x`` needs (10000 -> 1, 41817.1 -> 6)."""
+    return next((k for k in range(1, 17) if float(f"{x:.{k - 1}e}") == x), 17)
+
+
+def _ntk(raw: float, dim: int, plain: RuleFit, freqs: np.ndarray, rtol: float) -> RuleFit:
+    """NTK-aware scaling is plain RoPE with the base ``b * s^(d/(d-2))``: when the fitted base (``raw``,
+    unrounded) is not a round number but ``raw / s^(d/(d-2))`` is for a common factor ``s``, name the
+    rule (same frequencies)."""
+    if dim <= 2 or plain.base is None or _digits(plain.base) <= 3:
+        return plain
+    for factor in _NTK_FACTORS:
+        original = snap(raw / factor ** (dim / (dim - 2)), rtol)
+        if _digits(original) <= 3:
+            rule = core_rope.NTKScaling(factor)
+            return RuleFit(original, rule, _error(freqs, rule_frequencies(dim, original, rule)), True)
+    return plain
+
+
 def scale_runs(freqs: np.ndarray, dim: int, base: float, *, rtol: float = 1e-4) -> str:
     """The per-pair scale ``base^(-2i/d) / theta_i`` in words, runs of equal values joined:
     ``"pairs 0..19: 1; 20..25: 1.2 to 6.5; 26..31: 8"``."""
@@ -157,7 +179,7 @@ def scale_runs(freqs: np.ndarray, dim: int, base: float, *, rtol: float = 1e-4) 
     return "pairs " + "; ".join(parts)
 
 
-def _run_base(freqs: np.ndarray, dim: int, snap_rtol: float) -> float:
+def _run_base(freqs: np.ndarray, dim: int) -> float:
     """``base`` from the longest run of pairs whose neighbours' ratios agree (to 1e-4), read between the
     run's two ends (the longer the lever, the less rounding matters); the fastest run wins a tie."""
     steps = np.log(freqs[:-1] / freqs[1:])                   # log(theta_i / theta_{i+1}) = (2/d) log base
@@ -168,7 +190,7 @@ def _run_base(freqs: np.ndarray, dim: int, snap_rtol: float) -> float:
                 best = (start, i)
             start = i
     s, t = best                                              # steps s .. t-1: pairs s .. t
-    return snap(math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s))), snap_rtol)
+    return math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s)))
 
 
 def _candidates(factor: float, *, uniform: bool) -> list[core_rope.RopeScaling]:
