@@ -7,7 +7,8 @@ chosen positions and reads back, from the outputs alone:
 - the direction of the rotation, for queries and keys apart;
 - each pair's frequency (fitted over positions ``1, 2, 4, ...``) and the attention factor;
 - the known rule closest to those frequencies (plain RoPE with its base, linear interpolation,
-  Llama 3's bands, YaRN), see :func:`posenc.testing._fit.closest_rule`;
+  NTK-aware scaling, Llama 3's bands, YaRN, or LongRoPE's one factor per pair when no formula
+  fits);
 - whether attention scores depend only on the distance (the relative property of RoFormer, Su et al.
   2021, arXiv:2104.09864, section 3.4.2), and whether a single-token call (decode) rotates a token
   as its position says;
