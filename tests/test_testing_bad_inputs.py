@@ -54,6 +54,8 @@ for _id, _call, _exc, _match in [
     ("cos_sin-not-callable", lambda: inspect_rope(_HF8, head_dim=8, cos_sin=3), TypeError, "cos_sin must be a callable"),
     ("fn-wrong-shape", lambda: inspect_rope(_wrong_shape, head_dim=8), ValueError, "fn returned q of shape"),
     ("fn-returns-one", lambda: inspect_rope(lambda q, k, p: q, head_dim=8), TypeError, r"fn must return \(q, k\)"),
+    ("device-unknown", lambda: inspect_rope(_HF8, head_dim=8, device="nodevice"), ValueError, "device='nodevice'"),
+    ("device-meta", lambda: inspect_rope(_HF8, head_dim=8, device="meta"), ValueError, "device='meta'"),
     ("fn-signature", lambda: inspect_rope(lambda a, b, c, d, e: a, head_dim=8), TypeError,
      "could not tell how to call fn"),
 ]:
@@ -103,6 +105,7 @@ for _id, _call, _exc, _match in [
     ("num_heads-0", lambda: inspect_bias(_ALIBI2, num_heads=0), ValueError, "num_heads must be >= 1"),
     ("num_heads-wrong", lambda: inspect_bias(_ALIBI2, num_heads=3), ValueError, r"expected \(3, 512, 512\) \(num_heads=3"),
     ("length-4", lambda: inspect_bias(_ALIBI2, num_heads=2, length=4), ValueError, "length must be >= 8"),
+    ("device-unknown", lambda: inspect_bias(_ALIBI2, num_heads=2, device="nodevice"), ValueError, "device="),
     ("fn-returns-array", lambda: inspect_bias(lambda q, k: np.zeros((2, 8, 8)), num_heads=2, length=8), TypeError,
      "fn must return a tensor"),
 ]:

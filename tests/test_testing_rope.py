@@ -317,6 +317,44 @@ def test_per_pair_factors_are_read_as_longrope():
               "long_factor": [2 * x for x in short], "original_max_position_embeddings": 4096,
               "attention_factor": 1.19}}
     assert_rope_close(peer_rope.make_hf(D, freqs, attention_factor=1.19), config, head_dim=D, max_position=2048)
-    msg = _raises(peer_rope.make_hf(D, freqs / 2, attention_factor=1.19), config, "scaling: fn applies "
-                  r"LongRopeScaling\(one factor per pair, 2 to 5", max_position=2048)
+    msg = _raises(peer_rope.make_hf(D, freqs / 1.1, attention_factor=1.19), config, "scaling: fn applies "
+                  r"LongRopeScaling\(one factor per pair, 1.1 to 2.75", max_position=2048)
     assert "the reference applies LongRopeScaling(short factors 1 to 2.5, long factors 2 to 5" in msg
+
+
+@pytest.mark.parametrize("base", [500042.0, 731766.0, 12345.0])
+def test_a_base_that_is_not_round_is_kept_as_measured(base):
+    """The base is rounded only where the rounded one fits as well: 500042 is neither 500040 nor an NTK base."""
+    rope = posenc.RotaryEmbedding(96, max_seq_len=4096, base=base)
+    report = inspect_rope(lambda q, k, p: rope(q, k, positions=p), head_dim=96, max_position=2048)
+    assert (report.base, report.rule, report.findings) == (base, None, ())
+    assert report.first_over == {"float32": None}                 # measured against the right base: exact
+
+
+def test_phi3_shaped_long_factors_are_read_per_pair():
+    """Factors that keep no two neighbours equal (Phi-3's long factors rise from 1.08 to about 65)."""
+    long = [1.08 * 1.1 ** i if i < 44 else 65.0 for i in range(48)]
+    freqs = rope_oracle.longrope(96, 10000.0, long, long, 4096, None)
+    report = inspect_rope(peer_rope.make_hf(96, freqs), head_dim=96, max_position=2048)
+    assert report.base == 10000.0 and isinstance(report.rule, LongRopeScaling) and report.findings == ()
+    np.testing.assert_allclose(report.rule.short_factor, long, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rule", [posenc.DynamicNTKScaling(4.0, 1024),
+                                  LongRopeScaling([1.0] * 32, [2.0] * 32, 1024)], ids=["dynamic", "longrope"])
+def test_a_rule_of_the_sequence_length_is_no_dropped_offset(rule):
+    """A decode step at position p sees the frequencies of a p + 1 long sequence, as a call on 0..p does."""
+    rope = posenc.RotaryEmbedding(D, max_seq_len=8192, scaling=rule)
+    fn = lambda q, k, p: rope(q, k, positions=p)  # noqa: E731
+    report = inspect_rope(fn, head_dim=D, max_position=4096)
+    assert report.decode is None
+    assert_rope_close(fn, rope, head_dim=D, max_position=4096)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_posenc_against_itself_in_16_bit(dtype):
+    """The frequencies are fitted from float32 outputs whatever dtypes lists (16-bit cos/sin are too coarse)."""
+    rope = posenc.RotaryEmbedding(128, max_seq_len=4096, scaling=Llama3Scaling(8.0, 1024), base=500000.0)
+    fn = lambda q, k, p: rope(q, k, positions=p)  # noqa: E731
+    report = assert_rope_close(fn, rope, head_dim=128, dtypes=(dtype,), max_position=2048)
+    assert report.rule == Llama3Scaling(8.0, 1024)

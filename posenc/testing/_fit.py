@@ -19,6 +19,8 @@ from posenc.core import rope as core_rope
 _ANY_LENGTH = 2**53
 #: NTK-aware factors tried when a fitted base is not round (Code Llama's and Hunyuan's among them).
 _NTK_FACTORS = (2.0, 3.0, 4.0, 8.0, 16.0, 32.0, 64.0, 100.0, 1000.0)
+#: Bases tried for per-pair (LongRoPE) factors when the fitted one is not round.
+_ROUND_BASES = (1e4, 5e4, 1e5, 5e5, 1e6, 2e6, 5e6, 1e7, 1e8)
 #: Original context lengths tried for the rules that have one (powers of two, 512 .. 262144).
 _LENGTHS = tuple(2**k for k in range(9, 19))
 #: (low_freq_factor, high_freq_factor) pairs tried for Llama 3's rule (Llama 3.1: (1, 4)).
@@ -68,26 +70,30 @@ def _error(freqs: np.ndarray, other: np.ndarray) -> float:
     return float(np.max(np.abs(other / freqs - 1.0)))
 
 
-def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4, snap_rtol: float = 1e-5) -> RuleFit:
+def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4) -> RuleFit:
     """The rule whose frequencies for rotary ``dim`` lie closest to ``freqs`` (``(dim/2,)``, positive).
 
     Every rule here keeps the ratio of neighbouring frequencies at ``base^(2/d)`` over a band of
     pairs (all of them for plain RoPE and linear interpolation; the fast and the slow band for
     Llama 3 and YaRN), so the base comes from the longest run of equal ratios; the per-pair scale
     ``base^(-2i/d) / theta_i`` then tells the rules apart, tried over common parameters.  ``tol`` is the
-    largest relative frequency difference that still matches; the base is rounded to the fewest
-    digits within ``snap_rtol``.
+    largest relative frequency difference that still matches.  The base is rounded to fewer digits
+    only where the rounded base fits the run as well as the measured one (500000 for 499999.99, but
+    500042 stays).
     """
     n = len(freqs)
     if n == 0 or not np.all(freqs > 0):
         return RuleFit(None, None, math.inf, False)
-    raw = 10000.0 if n == 1 else _run_base(freqs, dim)                 # one pair: any base gives frequency 1
-    base = snap(raw, snap_rtol)
+    if n == 1:                                           # one pair: any base gives frequency 1
+        base = 10000.0
+    else:
+        raw, run = _run_base(freqs, dim)
+        base = _rounded(raw, freqs, dim, run)
     if not base > 1:
         return RuleFit(None, None, math.inf, False)
     plain = rule_frequencies(dim, base, None)
     scale = plain / freqs
-    fits = [_ntk(raw, dim, RuleFit(base, None, _error(freqs, plain), True), freqs, snap_rtol)]
+    fits = [_ntk(base, dim, RuleFit(base, None, _error(freqs, plain), True), freqs)]
     top = snap(float(np.max(scale)), 1e-4)
     if top > 1:
         for rule in _candidates(top, uniform=bool(np.ptp(scale) <= tol * top)):
@@ -99,12 +105,34 @@ def closest_rule(freqs: np.ndarray, dim: int, *, tol: float = 1e-4, snap_rtol: f
     best = min(fits, key=lambda f: f.error)
     if best.error <= tol:
         return best
-    per_pair = _per_pair(scale, tol)
-    if per_pair is not None:
-        return RuleFit(base, per_pair, _error(freqs, rule_frequencies(dim, base, per_pair)), True)
+    for candidate in ((base,) if _digits(base) <= 3 else ()) + _ROUND_BASES:
+        per_pair = _per_pair(rule_frequencies(dim, candidate, None) / freqs, tol)
+        if per_pair is not None:
+            return RuleFit(candidate, per_pair, _error(freqs, rule_frequencies(dim, candidate, per_pair)), True)
     if fits[0].error <= 10 * best.error:                 # no rule fits: name the plain base unless a rule is far closer
         best = fits[0]
     return dataclasses.replace(best, matched=False)
+
+
+def _rounded(raw: float, freqs: np.ndarray, dim: int, run: tuple[int, int]) -> float:
+    """``raw`` rounded to the fewest digits whose plain frequencies fit the run's pairs about as well as
+    ``raw``'s (the measurement's own rounding, ~1e-7 in float32, sets the scale)."""
+    s, t = run
+    idx = np.arange(s, t + 1)
+
+    def off(base: float) -> float:
+        plain = rule_frequencies(dim, base, None)[idx]
+        ratio = plain / freqs[idx]
+        return float(np.max(np.abs(ratio / ratio[0] - 1)))      # a constant factor (a rule) does not count
+
+    if not raw > 1:
+        return raw
+    allowed = max(3 * off(raw), 1e-7)
+    for digits in range(1, 8):
+        candidate = float(f"{raw:.{digits - 1}e}")
+        if candidate > 1 and off(candidate) <= allowed:
+            return candidate
+    return float(f"{raw:.9g}")
 
 
 def _per_pair(scale: np.ndarray, tol: float) -> core_rope.LongRopeScaling | None:
@@ -113,7 +141,7 @@ def _per_pair(scale: np.ndarray, tol: float) -> core_rope.LongRopeScaling | None
     scales fast pairs more than slow ones is no rule's.  Per-pair factors can absorb any base; the base is
     the one read from the run of pairs the factors leave in a geometric sequence (the fast pairs, which
     LongRoPE keeps near 1)."""
-    if np.any(scale < 1 - tol) or np.any(scale[1:] < 0.98 * scale[:-1]):
+    if np.any(scale < 1 - tol) or np.any(scale[1:] < 0.98 * scale[:-1]) or scale[0] > 1.25:
         return None
     factors = tuple(snap(float(x), 1e-6) for x in scale)
     return core_rope.LongRopeScaling(factors, factors, _ANY_LENGTH)
@@ -144,17 +172,18 @@ def _digits(x: float) -> int:
     return next((k for k in range(1, 17) if float(f"{x:.{k - 1}e}") == x), 17)
 
 
-def _ntk(raw: float, dim: int, plain: RuleFit, freqs: np.ndarray, rtol: float) -> RuleFit:
-    """NTK-aware scaling is plain RoPE with the base ``b * s^(d/(d-2))``: when the fitted base (``raw``,
-    unrounded) is not a round number but ``raw / s^(d/(d-2))`` is for a common factor ``s``, name the
-    rule (same frequencies)."""
-    if dim <= 2 or plain.base is None or _digits(plain.base) <= 3:
+def _ntk(base: float, dim: int, plain: RuleFit, freqs: np.ndarray) -> RuleFit:
+    """NTK-aware scaling is plain RoPE with the base ``b * s^(d/(d-2))``: when the fitted base is not a
+    round number but ``base / s^(d/(d-2))`` is a one- or two-digit one for a common factor ``s`` and
+    fits as well, name the rule (the same frequencies)."""
+    if dim <= 2 or _digits(base) <= 3 or plain.error > 1e-5:      # round already, or not geometric at all
         return plain
     for factor in _NTK_FACTORS:
-        original = snap(raw / factor ** (dim / (dim - 2)), rtol)
-        if _digits(original) <= 3:
-            rule = core_rope.NTKScaling(factor)
-            return RuleFit(original, rule, _error(freqs, rule_frequencies(dim, original, rule)), True)
+        original = float(f"{base / factor ** (dim / (dim - 2)):.1e}")
+        rule = core_rope.NTKScaling(factor)
+        error = _error(freqs, rule_frequencies(dim, original, rule))
+        if error <= max(2 * plain.error, 2e-7):
+            return RuleFit(original, rule, error, True)
     return plain
 
 
@@ -179,9 +208,10 @@ def scale_runs(freqs: np.ndarray, dim: int, base: float, *, rtol: float = 1e-4) 
     return "pairs " + "; ".join(parts)
 
 
-def _run_base(freqs: np.ndarray, dim: int) -> float:
-    """``base`` from the longest run of pairs whose neighbours' ratios agree (to 1e-4), read between the
-    run's two ends (the longer the lever, the less rounding matters); the fastest run wins a tie."""
+def _run_base(freqs: np.ndarray, dim: int) -> tuple[float, tuple[int, int]]:
+    """``(base, (s, t))``: the base from the longest run of pairs ``s .. t`` whose neighbours' ratios agree
+    (to 1e-4), read between the run's two ends (the longer the lever, the less rounding matters); the
+    fastest run wins a tie."""
     steps = np.log(freqs[:-1] / freqs[1:])                   # log(theta_i / theta_{i+1}) = (2/d) log base
     best, start = (0, 1), 0
     for i in range(1, len(steps) + 1):
@@ -190,7 +220,7 @@ def _run_base(freqs: np.ndarray, dim: int) -> float:
                 best = (start, i)
             start = i
     s, t = best                                              # steps s .. t-1: pairs s .. t
-    return math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s)))
+    return math.exp(math.log(freqs[s] / freqs[t]) * dim / (2 * (t - s))), best
 
 
 def _candidates(factor: float, *, uniform: bool) -> list[core_rope.RopeScaling]:

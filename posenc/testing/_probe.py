@@ -56,7 +56,7 @@ class Probe:
             raise ValueError(f"cos_sin= is only used with call='apply', got call={call!r}; drop cos_sin or pass "
                              f"call='apply'")
         self.fn, self.call, self.cos_sin_fn = fn, call, cos_sin
-        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.device = check_device(device)
         self._batched: bool | None = None            # positions passed as (1, S) (True) or (S,) (False)
         self.table_layout: str | None = None         # for call="cos_sin": the layout the cos table implies
         self.sin_first: bool | None = None           # for call="cos_sin": the module returns (sin, cos)
@@ -106,7 +106,12 @@ class Probe:
         self._batched = None
         assert error is not None                   # the loop ran at least once
         if not isinstance(error, (TypeError, ValueError)):
-            raise error                            # the user's code failed on its own: its error as it is
+            # the user's code failed on its own: its error as it is, with what it was given
+            note = getattr(error, "add_note", None)      # Python 3.11+
+            if note is not None:
+                note(f"posenc.testing called fn (call={self.call!r}) with q and k of shape {tuple(q.shape)} "
+                     f"(qk_format={self.qk_format!r}, head_dim={self.head_dim}): check head_dim and qk_format")
+            raise error
         raise type(error)(f"calling fn as call={self.call!r} failed on probe inputs (positions tried as (1, S) and "
                           f"(S,)): {error}") from error
 
@@ -154,6 +159,20 @@ class Probe:
             return torch.cat((out, x64[..., width:]), -1).to(x.dtype)
 
         return rot(q), rot(k)
+
+
+def check_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` that can hold tensors here (CPU by default), else ``ValueError``."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError, TypeError) as e:
+        raise ValueError(f"device={device!r} cannot hold tensors here ({e}); pass 'cpu' or an available GPU") from e
+    if dev.type == "meta":
+        raise ValueError("device='meta' holds no values to read back; pass 'cpu' or a GPU")
+    return dev
 
 
 def _two(out: Any, who: str, what: str) -> tuple[Any, Any]:

@@ -25,6 +25,7 @@ import torch
 from posenc import _validate
 from posenc.core import alibi as core_alibi
 from posenc.core import relative as core_relative
+from posenc.testing._probe import check_device
 
 _BUCKETS = (8, 16, 32, 64, 128, 256)
 _DISTANCES = (16, 20, 32, 64, 100, 128, 200, 256, 400, 512, 800, 1000, 1024, 2048, 4096)
@@ -112,7 +113,7 @@ def inspect_bias(fn: Any, *, num_heads: int, length: int = 512, device: Any = No
         raise TypeError(f"fn must be callable as fn(query_positions, key_positions), got {type(fn).__name__}")
     h = _validate.check_int("num_heads", num_heads, minimum=1)
     n = _validate.check_int("length", length, minimum=8)
-    dev = torch.device("cpu") if device is None else torch.device(device)
+    dev = check_device(device)
     pos = torch.arange(n, device=dev)
     grid = _call(fn, pos, pos, h)                                  # (H, S, S)
     shifted = _call(fn, pos + _SHIFT, pos + _SHIFT, h)
