@@ -117,3 +117,24 @@ def test_the_command_line(tmp_path, capsys):
 def test_the_command_line_refuses_a_missing_config(tmp_path, capsys):
     assert main(["audit", str(tmp_path)]) == 2
     assert "neither a config.json nor a folder holding one" in capsys.readouterr().err
+
+
+def test_a_config_whose_rope_fields_cannot_be_read_is_flagged():
+    report = audit_hf({**LLAMA31, "rope_scaling": {"rope_type": "linear", "factor": "2"}}, inspect_modules=False)
+    assert not report.ok and report.flags[0].startswith("the rope fields cannot be read: factor must be a real number")
+
+
+def test_multimodal_rope_sections_are_read_and_not_flagged():
+    qwen2_vl = {"model_type": "qwen2_vl", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
+                "rope_theta": 1e6, "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]}}
+    assert audit_hf(qwen2_vl, inspect_modules=False).flags == ()
+    wrong = audit_hf({**qwen2_vl, "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]}}, inspect_modules=False)
+    assert "mrope_section=[4, 6, 6] sums to 16" in wrong.flags[0]
+
+
+def test_modules_are_probed_within_the_configs_positions():
+    pytest.importorskip("transformers")
+    report = audit_hf({"model_type": "gptj", "n_embd": 256, "n_head": 4, "rotary_dim": 32, "n_layer": 2,
+                       "n_positions": 2048})
+    assert [m.agrees for m in report.modules] == [True]
+    assert "probed up to position 2047" in report.notes[0]

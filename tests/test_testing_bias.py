@@ -115,3 +115,25 @@ def test_the_printed_report():
     text = str(inspect_bias(_alibi(bias_oracle.alibi_slopes(4)), num_heads=4, length=32))
     assert "kind                  alibi" in text and "slopes" in text and "findings: none" in text
     assert isinstance(inspect_bias(_alibi([0.5]), num_heads=1, length=8), BiasReport)
+
+
+@pytest.mark.parametrize("mask", [float("-inf"), torch.finfo(torch.float32).min])
+def test_a_causal_mask_is_no_bucket_boundary(mask):
+    """A causal T5 bias with the future masked, as -inf or as transformers' lowest float."""
+    weight = torch.randn(32, 2, generator=torch.Generator().manual_seed(3))
+    t5 = _t5(weight, bidirectional=False, num_buckets=32, max_distance=128)
+
+    def masked(q, k):
+        return t5(q, k).masked_fill(k[None, None, :] > q[None, :, None], mask)
+
+    report = inspect_bias(masked, num_heads=2)
+    assert (report.kind, report.buckets, report.future, report.relative) == ("buckets", (32, 128, False), "masked",
+                                                                          True)
+
+
+def test_alibi_in_bfloat16():
+    """BLOOM returns its bias in the model's dtype: slopes within bfloat16's rounding."""
+    slopes = bias_oracle.alibi_slopes(8)
+    report = inspect_bias(lambda q, k: _alibi(slopes, causal_mask=True)(q, k).to(torch.bfloat16), num_heads=8,
+                          length=128)
+    assert report.kind == "alibi" and report.slope_rule == "the paper's slopes for 8 heads", str(report)

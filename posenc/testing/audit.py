@@ -35,6 +35,9 @@ from posenc.testing.rope import inspect_rope
 
 #: Columns a printed report is wrapped at.
 _WIDTH = 78
+#: Fields that say a config has rotary positions.
+_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "rotary_dim", "rotary_pct", "partial_rotary_factor",
+              "rotary_emb_base")
 #: Rope types whose ``factor`` stretches ``original_max_position_embeddings`` to the model's context.
 _STRETCHING = ("linear", "dynamic", "yarn", "llama3", "longrope")
 
@@ -142,12 +145,21 @@ def audit_hf(config_or_model: Any, *, inspect_modules: bool = True, max_position
     except (ValueError, TypeError) as e:
         schedule = "\n".join(textwrap.wrap(f"(not read: {e})", _WIDTH - 4, break_on_hyphens=False))
     flags, warnings = _flags(level)
+    unreadable = _unreadable(config)
+    if unreadable:
+        flags.insert(0, unreadable)
     context = _context(level)
     try:
         found = core_hf.describe_rope_layout(d)
         layout = f"{found.layout} ({found.reason})"
     except (ValueError, TypeError) as e:
         layout = f"(not read: {e})"
+    limit = min((v for v in (level.get("max_position_embeddings"), level.get("n_positions"))
+                 if isinstance(v, int) and not isinstance(v, bool) and v > 16), default=None)
+    if limit is not None and max_position >= limit:           # a table of limit rows holds positions 0 .. limit-1
+        notes.append(f"rotary modules probed up to position {limit - 1} (the config's {limit} positions), not "
+                     f"{max_position}")
+        max_position = limit - 1
     modules: list[ModuleCheck] = []
     if inspect_modules:
         try:
@@ -206,6 +218,28 @@ def _as_transformers_reads_it(config: Any) -> Any:
         return config
 
 
+def _unreadable(config: Any) -> str | None:
+    """Why the rope fields of a config that has some can be read neither as 1-D nor as multimodal RoPE
+    (a wrong type or value), else None."""
+    d = core_hf.config_dict(config)
+    text = d.get("text_config")
+    level = dict(text) if isinstance(text, Mapping) and d.get("num_hidden_layers") is None else d
+    if not any(key in level for key in _ROPE_KEYS):
+        return None
+    per_type = [k for k, _ in _params(level) if k is not None]
+    try:
+        core_hf.rope_scaling_from_hf(config, layer_type=per_type[0] if per_type else None)
+        return None
+    except (ValueError, TypeError) as e:
+        first = e
+    try:
+        core_hf.mrope_from_hf(config)
+        return None
+    except (ValueError, TypeError) as e:
+        multimodal = "mrope_section" in str(level) or "multimodal" in str(first)
+        return f"the rope fields cannot be read: {e if multimodal else first}"
+
+
 def _params(d: Mapping[str, Any]) -> list[tuple[str | None, Mapping[str, Any]]]:
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if not isinstance(params, Mapping):
@@ -222,7 +256,7 @@ def _context(d: Mapping[str, Any]) -> str:
         kind = p.get("rope_type") or p.get("type") or "default"
         where = f" ({layer_type})" if layer_type else ""
         orig, factor = p.get("original_max_position_embeddings"), p.get("factor")
-        if kind != "default":
+        if kind not in ("default", "mrope"):                # "mrope" names the sections, not a scaling rule
             parts.append(f"{kind}{where}: " + (f"original {orig} x factor {factor:g}" if isinstance(orig, int) and
                                               isinstance(factor, (int, float)) else f"factor {factor}"))
     return "; ".join(parts)
@@ -245,7 +279,7 @@ def _flags(d: Mapping[str, Any]) -> tuple[list[str], list[str]]:
                 warnings.append(f"factor x original_max_position_embeddings = {factor:g} x {orig} = {factor * orig:g}, "
                                 f"but max_position_embeddings = {mpe}{where}: the {kind} rule interpolates for "
                                 f"{factor * orig:g} positions; check which length the model was trained to")
-        if kind is not None and kind not in (*HF_ROPE_TYPES, "default"):
+        if kind is not None and kind not in (*HF_ROPE_TYPES, "default", "mrope"):
             out.append(f"rope_type={kind!r}{where} is not a rule posenc knows; check the model's code reads it")
     scaling, parameters = d.get("rope_scaling"), d.get("rope_parameters")
     if isinstance(scaling, Mapping) and isinstance(parameters, Mapping) and scaling and parameters:

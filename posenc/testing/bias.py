@@ -115,11 +115,11 @@ def inspect_bias(fn: Any, *, num_heads: int, length: int = 512, device: Any = No
     n = _validate.check_int("length", length, minimum=8)
     dev = check_device(device)
     pos = torch.arange(n, device=dev)
-    grid = _call(fn, pos, pos, h)                                  # (H, S, S)
-    shifted = _call(fn, pos + _SHIFT, pos + _SHIFT, h)
+    grid, eps = _call(fn, pos, pos, h)                             # (H, S, S)
+    shifted, _ = _call(fn, pos + _SHIFT, pos + _SHIFT, h)
     finite = np.isfinite(grid)
     scale = float(np.abs(grid[finite]).max()) if finite.any() else 0.0
-    tol = 1e-5 * max(scale, 1.0) + 1e-6
+    tol = max(1e-5, 4 * eps) * max(scale, 1.0) + 1e-6              # the output dtype's rounding
     same_mask = np.array_equal(finite, np.isfinite(shifted))
     # each row relative to its own diagonal: softmax ignores a constant per query
     centred = grid - np.diagonal(grid, axis1=1, axis2=2)[:, :, None]
@@ -143,7 +143,7 @@ def inspect_bias(fn: Any, *, num_heads: int, length: int = 512, device: Any = No
     elif np.all(np.isfinite(past)) and _linear(past, d_past, tol):
         kind = "alibi"
         slopes = -(past @ d_past) / (d_past @ d_past)              # least squares through 0
-        rule, problem = _slope_rule(slopes, h)
+        rule, problem = _slope_rule(slopes, h, max(1e-3, 4 * eps))
         if problem:
             findings.append(problem)
     else:
@@ -157,7 +157,8 @@ def inspect_bias(fn: Any, *, num_heads: int, length: int = 512, device: Any = No
     return BiasReport(h, n, kind, relative, future, slopes, rule, buckets, tuple(boundaries[:64]), tuple(findings))
 
 
-def _call(fn: Any, q: torch.Tensor, k: torch.Tensor, h: int) -> np.ndarray:
+def _call(fn: Any, q: torch.Tensor, k: torch.Tensor, h: int) -> tuple[np.ndarray, float]:
+    """The bias as float64 ``(H, S, S_k)`` with masked entries as ``-inf``, and the output dtype's eps."""
     with torch.no_grad():
         out = fn(q, k)
     if not isinstance(out, torch.Tensor):
@@ -167,7 +168,13 @@ def _call(fn: Any, q: torch.Tensor, k: torch.Tensor, h: int) -> np.ndarray:
     want = (h, len(q), len(k))
     if tuple(out.shape) != want:
         raise ValueError(f"fn returned shape {tuple(out.shape)}, expected {want} (num_heads={h}, S, S_k)")
-    return out.detach().to("cpu", torch.float64).numpy()
+    if not out.dtype.is_floating_point:
+        raise TypeError(f"fn must return a floating tensor, got {out.dtype}")
+    info = torch.finfo(out.dtype)
+    values = out.detach().to("cpu", torch.float64).numpy()
+    # a mask written as the dtype's lowest value (as transformers writes it) is a mask, not a bias
+    values = np.where(values <= info.min / 2, -np.inf, values)
+    return values, float(info.eps)
 
 
 def _profile(centred: np.ndarray, n: int, *, side: int) -> np.ndarray:
@@ -202,11 +209,10 @@ def _linear(past: np.ndarray, d: np.ndarray, tol: float) -> bool:
     return bool(np.abs(past + slopes[:, None] * d).max() <= tol) and bool(np.any(np.abs(slopes) > 0))
 
 
-def _close(a: np.ndarray, b: list[float]) -> bool:
-    return len(a) == len(b) and bool(np.allclose(a, np.array(b), rtol=1e-3, atol=0))
+def _slope_rule(slopes: np.ndarray, h: int, rtol: float) -> tuple[str, str]:
+    def _close(a: np.ndarray, b: list[float]) -> bool:
+        return len(a) == len(b) and bool(np.allclose(a, np.array(b), rtol=rtol, atol=0))
 
-
-def _slope_rule(slopes: np.ndarray, h: int) -> tuple[str, str]:
     paper = core_alibi.alibi_slopes(h)
     if _close(slopes, paper):
         return f"the paper's slopes for {h} heads", ""
@@ -243,8 +249,11 @@ def _changes(past: np.ndarray, ahead: np.ndarray, tol: float) -> list[int]:
 
 
 def _differs(a: np.ndarray, b: np.ndarray, tol: float) -> np.ndarray:
+    """Where two distances' biases differ; a masked side (not finite) is no bucket boundary."""
     both = np.isfinite(a) & np.isfinite(b)
-    return np.where(both, np.abs(a - b) > tol, np.isfinite(a) != np.isfinite(b))
+    diff = np.zeros(a.shape)
+    diff[both] = a[both] - b[both]
+    return both & (np.abs(diff) > tol)
 
 
 def _t5_changes(num_buckets: int, max_distance: int, bidirectional: bool, n: int) -> list[int] | None:
