@@ -87,7 +87,7 @@ def _from_spec(dim: int, base: float, rule: core_rope.RopeScaling | None, layout
 
 
 def _from_report(r: RopeReport) -> Expected:
-    freqs = np.array([r.frequencies[_slot(r, j)] for j in range(len(r.pairs))])
+    freqs = r.pair_frequencies
     return Expected(r.rotated, r.pairs, r.layout, r.placement, r.rotary_dim, r.base or math.nan, r.rule, freqs,
                     r.attention_factor, r.direction, "the reference implementation's report")
 
@@ -203,7 +203,7 @@ def _structure(got: RopeReport, want: Expected) -> list[str]:
 
 def _frequencies(got: RopeReport, want: Expected, rtol: float) -> list[str]:
     index = {pair: i for i, pair in enumerate(want.pairs)}
-    mine = np.array([got.frequencies[_slot(got, j)] for j in range(len(got.pairs))])
+    mine = got.pair_frequencies
     theirs = np.array([want.freqs[index[pair]] for pair in got.pairs])
     off = np.abs(mine / theirs - 1) > rtol
     if not off.any():
@@ -238,14 +238,6 @@ def _frequencies(got: RopeReport, want: Expected, rtol: float) -> list[str]:
                 f"applied to the wrong frequencies"]
     return [f"{differ}; fn's {_fit.scale_runs(mine, want.rotary_dim, base)} of base^(-2i/d), the reference's "
             f"{_fit.scale_runs(theirs, want.rotary_dim, base)}"]
-
-
-def _slot(r: RopeReport, j: int) -> int:
-    """The frequency index of the report's pair ``j``."""
-    if r.layout in ("half", "interleaved") and r.placement == "whole head":
-        a = r.pairs[j][0]
-        return a if r.layout == "half" else a // 2
-    return j
 
 
 def _pair_set(idx: np.ndarray, plain: np.ndarray) -> str:

@@ -68,6 +68,7 @@ class RopeReport:
         layout: ``"half"`` (pairs ``i, i + r/2`` of the ``r`` rotated features), ``"interleaved"``
             (``2i, 2i + 1``), ``"permutation"`` (another pairing; see ``pairs``) or ``"none"``.
         pairs: the pairs ``(a, b)`` in frequency order (pair ``i`` of the rule); ``e_a`` turns towards ``e_b``.
+        slots: each pair's index into ``frequencies``.
         rotary_dim: ``2 * len(frequencies)``: the rotary dim the frequencies are indexed by.
         direction, key_direction: ``"standard"`` (``e_a -> cos e_a + sin e_b``, RoFormer's), ``"reversed"``
             (by ``-theta``), ``"mixed"``, or ``"assumed standard"`` (``call="cos_sin"``: only cos/sin are seen).
@@ -92,6 +93,7 @@ class RopeReport:
     placement: str
     layout: str
     pairs: tuple[tuple[int, int], ...]
+    slots: tuple[int, ...] = dataclasses.field(repr=False)
     rotary_dim: int
     direction: str
     key_direction: str
@@ -116,6 +118,11 @@ class RopeReport:
     def rule(self) -> core_rope.RopeScaling | None:
         """The scaling rule of the closest match (None: plain RoPE, or no match; see ``fit.matched``)."""
         return self.fit.rule
+
+    @property
+    def pair_frequencies(self) -> np.ndarray:
+        """The frequency of each of ``pairs``, in their order."""
+        return self.frequencies[list(self.slots)]
 
     @property
     def relative(self) -> bool:
@@ -226,13 +233,12 @@ def inspect_rope(
 class ProbeRun:
     """A report with the outputs it was read from: ``full[dtype]`` ``(S, D)`` is the rotated sum of the
     pairs' first unit vectors at positions ``0 .. max_position``; ``ordered[i]`` is pair ``i``'s
-    features, ``signs[i]`` its direction and ``slots[i]`` its frequency index."""
+    features and ``signs[i]`` its direction."""
 
     report: RopeReport
     full: dict[torch.dtype, np.ndarray]
     ordered: list[tuple[int, int]]
     signs: np.ndarray
-    slots: np.ndarray
 
 
 def run_probes(fn: Any, *, head_dim: int, call: str, cos_sin: Any, qk_format: str, dtypes: Sequence[torch.dtype],
@@ -328,12 +334,13 @@ def run_probes(fn: Any, *, head_dim: int, call: str, cos_sin: Any, qk_format: st
                                        ref_factor, positions, threshold_ulps)
     report = RopeReport(
         head_dim=d, call=probe.call, rotated=rotated, placement=placement, layout=layout, pairs=tuple(ordered),
+        slots=tuple(int(i) for i in slot_index),
         rotary_dim=rotary_dim, direction=direction, key_direction=key_direction, frequencies=frequencies,
         attention_factor=factor, fit=fit, relative_error=relative_error, decode=decode, collision=collision,
         precision=precision, first_over=first_over, threshold_ulps=threshold_ulps, max_position=max_position,
         findings=tuple(findings),
     )
-    return ProbeRun(report, full, ordered, signs, slot_index)
+    return ProbeRun(report, full, ordered, signs)
 
 
 def _with_factor(fit: _fit.RuleFit, factor: float, findings: list[str]) -> _fit.RuleFit:
