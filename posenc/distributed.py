@@ -27,6 +27,7 @@ the functions that communicate.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -37,17 +38,23 @@ from posenc.attn import attention
 
 __all__ = [
     "LOAD_BALANCE",
+    "check_shard_positions",
     "context_parallel_attention",
     "head_range",
+    "shard_indices",
     "shard_positions",
     "shard_sequence",
     "tensor_parallel_head_range",
     "unshard_sequence",
 ]
 
-#: How a sequence is cut across ranks: ``"zigzag"`` (chunks ``r`` and ``2W - 1 - r``, balanced causal
-#: work) or ``"contiguous"`` (rank ``r`` holds the ``r``-th block).
-LOAD_BALANCE = ("zigzag", "contiguous")
+#: How a sequence is cut across ranks: ``"zigzag"`` (chunks ``r`` and ``2W - 1 - r`` of ``2W``, balanced
+#: causal work; torch's head-tail balancer), ``"contiguous"`` (rank ``r`` holds the ``r``-th block; torch's
+#: ``context_parallel`` without load balancing) or ``"per_document"`` (the head-tail cut applied inside each
+#: packed document, in the order of torch's per-document head-tail balancer).
+LOAD_BALANCE = ("zigzag", "contiguous", "per_document")
+
+Documents = tuple[tuple[int, ...], ...]
 
 
 def _check_layout(seq_len: object, world_size: object, load_balance: object) -> tuple[int, int, int]:
@@ -55,7 +62,7 @@ def _check_layout(seq_len: object, world_size: object, load_balance: object) -> 
     seq_len = _validate.check_int("seq_len", seq_len, minimum=0)
     world_size = _validate.check_int("world_size", world_size, minimum=1)
     _validate.check_choice("load_balance", load_balance, LOAD_BALANCE)
-    chunks = 2 * world_size if load_balance == "zigzag" else world_size
+    chunks = world_size if load_balance == "contiguous" else 2 * world_size
     if seq_len % chunks:
         raise ValueError(
             f"seq_len={seq_len} does not split into {chunks} equal chunks ({load_balance} sharding over world_size="
@@ -65,49 +72,191 @@ def _check_layout(seq_len: object, world_size: object, load_balance: object) -> 
     return seq_len, world_size, chunks
 
 
-def shard_positions(seq_len: int, rank: int, world_size: int, *, load_balance: str = "zigzag",
-                    device: torch.device | str | None = None) -> torch.Tensor:
-    """The global positions of the tokens that rank ``rank`` of ``world_size`` holds, in its order.
+def _check_documents(doc_lengths: object, seq_len: int, world_size: int, load_balance: str) -> Documents | None:
+    """``doc_lengths`` as one tuple of lengths per batch row (a flat list is one row for every batch row), or
+    None; every row must add up to ``seq_len``, and under ``"per_document"`` every document must split into
+    ``2 * world_size`` chunks."""
+    if doc_lengths is None:
+        if load_balance == "per_document":
+            raise ValueError("load_balance='per_document' needs doc_lengths=[...]: the lengths of the packed "
+                             "documents, in order, adding up to seq_len")
+        return None
+    if isinstance(doc_lengths, torch.Tensor):
+        if doc_lengths.is_floating_point() or doc_lengths.is_complex() or doc_lengths.dim() not in (1, 2):
+            raise TypeError(f"doc_lengths must be integers, (N,) or (B, N), got a {doc_lengths.dtype} tensor of "
+                            f"shape {tuple(doc_lengths.shape)}")
+        doc_lengths = doc_lengths.tolist()
+    if not isinstance(doc_lengths, (list, tuple)) or not doc_lengths:
+        raise TypeError(f"doc_lengths must be a non-empty list of document lengths (or one list per batch row), "
+                        f"got {doc_lengths!r}")
+    nested = [isinstance(row, (list, tuple)) for row in doc_lengths]
+    if any(nested) and not all(nested):
+        raise TypeError("doc_lengths mixes lengths and lists: give one flat list of lengths, or one list per "
+                        "batch row")
+    rows = doc_lengths if all(nested) else [doc_lengths]
+    out = []
+    for b, row in enumerate(rows):
+        if not row:
+            raise ValueError(f"doc_lengths[{b}] is empty; every batch row holds at least one document")
+        lengths = tuple(_validate.check_int("doc_lengths", n, minimum=1) for n in row)
+        if sum(lengths) != seq_len:
+            where = f"doc_lengths[{b}]" if len(rows) > 1 else "doc_lengths"
+            raise ValueError(f"{where} add up to {sum(lengths)}, but seq_len={seq_len}: the documents must fill the "
+                             f"packed sequence exactly (count the padding as a document of its own)")
+        if load_balance == "per_document":
+            for i, n in enumerate(lengths):
+                if n % (2 * world_size):
+                    raise ValueError(
+                        f"document {i} has {n} tokens, which do not split into {2 * world_size} equal chunks "
+                        f"(per_document sharding over world_size={world_size}); pad every document to a multiple "
+                        f"of {2 * world_size}"
+                    )
+        out.append(lengths)
+    return tuple(out)
+
+
+def _order(seq_len: int, world_size: int, load_balance: str, docs: tuple[int, ...] | None) -> list[int]:
+    """The sequence's token indices in the order the ranks hold them: rank ``r`` holds entries
+    ``r * S / W .. (r + 1) * S / W - 1`` (what torch's load balancers produce before the even split)."""
+    if load_balance == "contiguous":
+        return list(range(seq_len))
+    chunks = 2 * world_size
+    docs = docs or ()
+    # zigzag: one cut of the whole sequence; per_document: each document's own cut
+    pieces = [(0, seq_len)] if load_balance == "zigzag" else list(zip(_starts(docs), docs, strict=True))
+    order: list[int] = []
+    for start, length in pieces:
+        size = length // chunks
+        for r in range(world_size):
+            for c in (r, chunks - 1 - r):
+                order.extend(range(start + c * size, start + (c + 1) * size))
+    return order
+
+
+def _layout(seq_len: object, rank: object, world_size: object, load_balance: object, doc_lengths: object,
+            ) -> tuple[int, int, int, str, Documents | None]:
+    seq_len, world_size, _ = _check_layout(seq_len, world_size, load_balance)
+    rank = _validate.check_int("rank", rank, minimum=0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+    docs = _check_documents(doc_lengths, seq_len, world_size, str(load_balance))
+    return seq_len, rank, world_size, str(load_balance), docs
+
+
+def _rank_indices(seq_len: int, rank: int, world_size: int, load_balance: str, docs: Documents | None,
+                  device: torch.device | str | None) -> torch.Tensor:
+    local = seq_len // world_size
+    rows = [None] if docs is None or load_balance != "per_document" else list(docs)
+    picked = [_order(seq_len, world_size, load_balance, row)[rank * local:(rank + 1) * local] for row in rows]
+    index = torch.tensor(picked, dtype=torch.int64, device=device).reshape(len(picked), local)
+    if docs is not None and len(docs) > 1:
+        return index.expand(len(docs), local).contiguous()
+    return index[0]
+
+
+def shard_indices(seq_len: int, rank: int, world_size: int, *, load_balance: str = "zigzag",
+                  doc_lengths: Any = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """The indices, in the global sequence, of the tokens that rank ``rank`` of ``world_size`` holds, in its
+    order: what torch's context-parallel sharding keeps on that rank.
 
     Args:
-        seq_len: the global sequence length ``S`` (a multiple of ``2 * world_size`` for zigzag, of
-            ``world_size`` for contiguous sharding).
+        seq_len: the global (packed) sequence length ``S``.
         rank, world_size: this rank in the context-parallel group, and the group's size ``W``.
-        load_balance: ``"zigzag"`` (chunks ``rank`` and ``2W - 1 - rank`` of ``2W``) or
-            ``"contiguous"`` (block ``rank`` of ``W``).
+        load_balance: ``"zigzag"`` (chunks ``rank`` and ``2W - 1 - rank`` of ``2W``: torch's head-tail
+            balancer), ``"contiguous"`` (block ``rank`` of ``W``), or ``"per_document"`` (each packed
+            document cut into ``2W`` chunks and paired the same way, in the order of torch's per-document
+            head-tail balancer, whose even split then gives each rank ``S / W`` consecutive entries).
+        doc_lengths: the packed documents' lengths, in order (one list, or one list per batch row); needed
+            by ``"per_document"``, and by :func:`shard_positions` to restart positions in every document.
         device: of the result.
 
     Returns:
-        ``(S / W,)`` int64 positions: pass them as ``positions`` to any posenc encoding or to
+        ``(S / W,)`` int64 indices, or ``(B, S / W)`` for one ``doc_lengths`` list per batch row.
+
+    Examples:
+        >>> shard_indices(8, 1, 2)
+        tensor([2, 3, 4, 5])
+        >>> shard_indices(16, 0, 2, load_balance="per_document", doc_lengths=[4, 8, 4])
+        tensor([ 0,  3,  1,  2,  4,  5, 10, 11])
+    """
+    seq_len, rank, world_size, load_balance, docs = _layout(seq_len, rank, world_size, load_balance, doc_lengths)
+    return _rank_indices(seq_len, rank, world_size, load_balance, docs, device)
+
+
+def shard_positions(seq_len: int, rank: int, world_size: int, *, load_balance: str = "zigzag",
+                    doc_lengths: Any = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """The positions of the tokens that rank ``rank`` of ``world_size`` holds, in its order: their global
+    positions, or with ``doc_lengths`` their positions inside their own packed document (restarting at 0 in
+    every document, as :func:`posenc.positions_from_cu_seqlens` gives them before sharding).
+
+    Args:
+        seq_len: the global sequence length ``S`` (a multiple of ``2 * world_size`` for zigzag, of
+            ``world_size`` for contiguous sharding; per-document sharding needs every document to be a
+            multiple of ``2 * world_size``).
+        rank, world_size: this rank in the context-parallel group, and the group's size ``W``.
+        load_balance: ``"zigzag"``, ``"contiguous"`` or ``"per_document"`` (see :func:`shard_indices`).
+        doc_lengths: the packed documents' lengths, in order (one list, or one list per batch row).
+        device: of the result.
+
+    Returns:
+        ``(S / W,)`` int64 positions (``(B, S / W)`` for one ``doc_lengths`` list per batch row): pass them
+        as ``positions`` to any posenc encoding or, without ``doc_lengths``, to
         :func:`context_parallel_attention`.
 
     Raises:
         ValueError: a length that does not split evenly (with the length to pad to), a rank outside
-            ``[0, world_size)``, an unknown ``load_balance``.
+            ``[0, world_size)``, an unknown ``load_balance``, document lengths that do not add up to
+            ``seq_len`` or do not split evenly.
 
     Examples:
         >>> shard_positions(8, 0, 2)
         tensor([0, 1, 6, 7])
         >>> shard_positions(8, 1, 2, load_balance="contiguous")
         tensor([4, 5, 6, 7])
+        >>> shard_positions(8, 0, 2, doc_lengths=[3, 5])
+        tensor([0, 1, 3, 4])
     """
-    seq_len, world_size, chunks = _check_layout(seq_len, world_size, load_balance)
-    rank = _validate.check_int("rank", rank, minimum=0)
-    if rank >= world_size:
-        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
-    size = seq_len // chunks
-    owned = (rank, chunks - 1 - rank) if load_balance == "zigzag" else (rank,)
-    return torch.cat([torch.arange(c * size, (c + 1) * size, device=device) for c in owned])
+    seq_len, rank, world_size, load_balance, docs = _layout(seq_len, rank, world_size, load_balance, doc_lengths)
+    index = _rank_indices(seq_len, rank, world_size, load_balance, docs, device)
+    if docs is None:
+        return index
+    within = torch.tensor([[i - start for start, n in zip(_starts(row), row, strict=True) for i in
+                            range(start, start + n)] for row in docs], dtype=torch.int64, device=device)
+    if len(docs) == 1:
+        return within[0].index_select(0, index)
+    return within.gather(1, index)
 
 
-def _gathered_order(seq_len: int, world_size: int, load_balance: str) -> torch.Tensor:
-    """Global positions of the rank-ordered concatenation of every rank's shard."""
-    return torch.cat([shard_positions(seq_len, r, world_size, load_balance=load_balance) for r in range(world_size)])
+def _starts(row: tuple[int, ...]) -> list[int]:
+    """Where each document of a row begins."""
+    return [0, *itertools.accumulate(row)][:len(row)]
+
+
+def _gathered_order(seq_len: int, world_size: int, load_balance: str, docs: Documents | None) -> torch.Tensor:
+    """Global indices of the rank-ordered concatenation of every rank's shard: ``(S,)``, or ``(B, S)`` for
+    per-row documents."""
+    return torch.cat([_rank_indices(seq_len, r, world_size, load_balance, docs, None) for r in range(world_size)],
+                     -1)
+
+
+def _take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``x``'s entries at ``index`` along ``dim``: one index for every batch row, or ``(B, n)`` per row
+    (batch axis 0)."""
+    if index.dim() == 1:
+        return x.index_select(dim, index)
+    if dim == 0 or x.shape[0] != index.shape[0]:
+        raise ValueError(f"one doc_lengths list per batch row needs the batch on axis 0 and the sequence on another "
+                         f"axis: {index.shape[0]} rows of documents, x of shape {tuple(x.shape)} with dim={dim}")
+    shape = [index.shape[0]] + [1] * (x.dim() - 1)
+    shape[dim] = index.shape[1]
+    full = list(x.shape)
+    full[dim] = index.shape[1]
+    return x.gather(dim, index.view(shape).expand(full))
 
 
 def shard_sequence(x: torch.Tensor, rank: int, world_size: int, *, dim: int = 1,
-                   load_balance: str = "zigzag") -> torch.Tensor:
-    """The tokens of ``x`` (sequence axis ``dim``) that rank ``rank`` holds, in :func:`shard_positions` order.
+                   load_balance: str = "zigzag", doc_lengths: Any = None) -> torch.Tensor:
+    """The tokens of ``x`` (sequence axis ``dim``) that rank ``rank`` holds, in :func:`shard_indices` order.
 
     Examples:
         >>> shard_sequence(torch.arange(8)[None], 1, 2)
@@ -116,12 +265,13 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, *, dim: int = 1,
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     dim = _seq_axis(x, dim)
-    index = shard_positions(x.shape[dim], rank, world_size, load_balance=load_balance, device=x.device)
-    return x.index_select(dim, index)
+    seq_len, rank, world_size, load_balance, docs = _layout(x.shape[dim], rank, world_size, load_balance,
+                                                            doc_lengths)
+    return _take(x, dim, _rank_indices(seq_len, rank, world_size, load_balance, docs, x.device))
 
 
 def unshard_sequence(shards: list[torch.Tensor] | tuple[torch.Tensor, ...], *, dim: int = 1,
-                     load_balance: str = "zigzag") -> torch.Tensor:
+                     load_balance: str = "zigzag", doc_lengths: Any = None) -> torch.Tensor:
     """The full sequence, in its original order, from every rank's shard (in rank order, e.g. from
     ``torch.distributed.all_gather``).  Differentiable.
 
@@ -136,10 +286,87 @@ def unshard_sequence(shards: list[torch.Tensor] | tuple[torch.Tensor, ...], *, d
     if any(s.shape != shards[0].shape for s in shards):
         raise ValueError(f"every shard must have one shape; got {[tuple(s.shape) for s in shards]}")
     world_size = len(shards)
-    seq_len = world_size * shards[0].shape[dim]
-    order = _gathered_order(seq_len, world_size, load_balance).to(shards[0].device)
-    inverse = torch.argsort(order)                                          # gathered index of each position
-    return torch.cat(list(shards), dim).index_select(dim, inverse)
+    seq_len, _, world_size, load_balance, docs = _layout(world_size * shards[0].shape[dim], 0, world_size,
+                                                         load_balance, doc_lengths)
+    order = _gathered_order(seq_len, world_size, load_balance, docs).to(shards[0].device)
+    inverse = torch.argsort(order, dim=-1)                                  # gathered index of each position
+    return _take(torch.cat(list(shards), dim), dim, inverse)
+
+
+def check_shard_positions(positions: torch.Tensor, seq_len: int, *, load_balance: str = "zigzag",
+                          doc_lengths: Any = None, group: Any = None) -> None:
+    """Check, on every rank of ``group`` at once, that each rank's ``positions`` are the ones its shard must
+    encode under this layout (what :func:`shard_positions` gives), and that the ranks agree on the layout.
+
+    Positions that torch's or torchtitan's context-parallel sharding produced (passed among the sharded
+    buffers) pass by construction; positions computed separately can silently belong to another layout
+    (torch's ``context_parallel`` cuts contiguous blocks when the length is not a multiple of ``2W``, a
+    per-document balancer cuts documents, a rank may use another rank's index).  On a mismatch every rank
+    raises ``ValueError`` (its own finding on the faulty ranks, naming them on the others) instead of
+    training on shifted positions.  One all-gather of two integers and one device-to-host read: a check
+    for the first steps or a test, not for every step.
+
+    Args:
+        positions: this rank's positions, ``(S / W,)`` or ``(B, S / W)`` (``(1, S / W)`` too).
+        seq_len, load_balance, doc_lengths: the layout, as for :func:`shard_positions`.
+        group: the context-parallel process group (default: the world).
+    """
+    import zlib
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("check_shard_positions needs an initialised torch.distributed process group "
+                         "(torch.distributed.init_process_group)")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    problem: Exception | None = None
+    try:
+        want = shard_positions(seq_len, rank, world, load_balance=load_balance, doc_lengths=doc_lengths,
+                               device=positions.device)
+        problem = _positions_problem(positions, want, rank, world, load_balance)
+    except (TypeError, ValueError) as err:
+        problem = err
+    layout = zlib.crc32(repr((seq_len, load_balance, doc_lengths)).encode()) & 0x7FFFFFFF
+    mine = torch.tensor([problem is not None, layout], dtype=torch.int64, device=positions.device)
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine, group=group)
+    table = torch.stack(everyone).tolist()                                  # one read
+    if problem is not None:
+        raise problem
+    bad = [r for r, (failed, _) in enumerate(table) if failed]
+    if bad:
+        raise ValueError(f"rank(s) {bad} of the group hold positions that do not match the context-parallel "
+                         f"layout (their error says how); this rank stops too")
+    if len({crc for _, crc in table}) > 1:
+        raise ValueError("the ranks of the group passed different layouts (seq_len, load_balance or doc_lengths) "
+                         "to check_shard_positions; every rank must describe the same sharding")
+
+
+def _positions_problem(positions: torch.Tensor, want: torch.Tensor, rank: int, world: int,
+                       load_balance: str) -> ValueError | None:
+    """Why ``positions`` are not the expected shard ``want`` (None when they are)."""
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        return ValueError(f"positions must be an integer tensor, got {positions.dtype}")
+    n = want.shape[-1]
+    if positions.dim() not in (1, 2) or positions.shape[-1] != n or (want.dim() == 2 and positions.dim() == 2 and
+                                                                     positions.shape[0] not in (1, want.shape[0])):
+        return ValueError(f"rank {rank}: positions of shape {tuple(positions.shape)} are not a shard of this layout, "
+                          f"which gives every rank of {world} {n} tokens ({tuple(want.shape)})")
+    rows = positions if positions.dim() == 2 else positions[None]
+    diff = (rows != (want if want.dim() == 2 else want[None])).nonzero()
+    if diff.numel() == 0:
+        return None
+    b, i = diff[0].tolist()
+    row = want[b] if want.dim() == 2 else want
+    hint = (" (torch's context_parallel cuts contiguous blocks when seq_len is not a multiple of 2W)"
+            if load_balance == "zigzag" else "")
+    at = f"{b}, {i}" if positions.dim() == 2 else f"{i}"
+    return ValueError(f"rank {rank}: positions[{at}] = {int(rows[b, i])} where the {load_balance} layout puts "
+                      f"{int(row[i])}; {int(diff.shape[0])} of {rows.numel()} positions differ{hint}; pass the "
+                      f"positions among the buffers torch shards, or compute them with shard_positions for the "
+                      f"layout the inputs were sharded with")
 
 
 def _seq_axis(x: torch.Tensor, dim: object) -> int:

@@ -38,6 +38,7 @@ CUDA_TESTS=(
   tests/test_hf_cuda.py               # patched transformers models vs unpatched ones on CUDA
   tests/test_gpu_paths_cuda.py        # varlen, KV cache, QK-norm; no sync; a fused decode step in a graph
   tests/test_cuda_decode.py           # module decode steps without sync, captured in a CUDA graph
+  tests/test_context_parallel_cuda.py # ring attention (torch's context_parallel) with posenc's RoPE: 2 GPUs
   tests/test_triton_compile.py        # every specialization compiled for sm_80/90 and newer (no GPU needed)
 )
 
