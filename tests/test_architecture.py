@@ -166,6 +166,16 @@ def test_the_transformers_integration_does_not_import_transformers():
     assert out.strip() == "False"
 
 
+def test_only_the_torchtitan_integration_imports_torchtitan():
+    code = ("import sys, posenc, posenc.integrations, posenc.integrations.transformers, posenc.distributed, "
+            "posenc.testing; print('torchtitan' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    for path in ROOT.rglob("*.py"):
+        if path.name != "torchtitan.py":
+            assert not any(m.split(".")[0] == "torchtitan" for m, _ in _imports(path)), path
+
+
 @pytest.mark.parametrize("module", ["posenc", "posenc.core"])
 def test_import_does_not_pull_in_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"

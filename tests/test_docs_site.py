@@ -103,10 +103,13 @@ API_PAGES = sorted(API.glob("*.md"))
 
 
 @pytest.mark.parametrize("module_name", ["posenc", "posenc.functional", "posenc.nn", "posenc.keras", "posenc.attn",
-                                         "posenc.integrations.transformers", "posenc.testing"])
+                                         "posenc.integrations.transformers", "posenc.testing", "posenc.distributed",
+                                         "posenc.integrations.torchtitan"])
 def test_every_public_name_has_an_api_entry(module_name):
     if module_name == "posenc.keras":
         pytest.importorskip("keras")
+    if module_name == "posenc.integrations.torchtitan":
+        pytest.importorskip("torchtitan")
     module = importlib.import_module(module_name)
     documented = _documented(api_directives(API_PAGES))
     missing = []
