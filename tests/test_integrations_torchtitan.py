@@ -2,9 +2,11 @@
 
 torchtitan is the truth here: its ``ComplexRoPE`` / ``CosSinRoPE`` built from every Llama 3, Qwen 3 and
 DeepSeek-V3 configuration it registers, its models trained for a few steps on CPU (float32 losses equal to
-1e-5), its context-parallel input sharding and DTensor queries under tensor parallelism on gloo processes.
-The FlexAttention backend of its language models has no backward on CPU, so the models here attend with
-its ``ScaledDotProductAttention`` (a causal mask, which is what the training batches below need)."""
+1e-5), its context-parallel input sharding, DTensor queries, and its own tensor-parallel Llama on gloo
+processes.  The FlexAttention backend of its language models has no backward on CPU, so the models here
+attend with its ``ScaledDotProductAttention`` (a causal mask, which is what the training batches need).
+torchtitan's trainer itself needs its repository's test dataset and tokenizer, which its package does not
+ship, so the training loops here are written out (AdamW or SGD, cross-entropy)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa
 from torchtitan.models.common.rope import ComplexRoPE, CosSinRoPE, RoPE  # noqa: E402
 
 FAMILIES = ("llama3", "qwen3", "deepseek_v3")
+# DeepSeek-V3's MoE router asks for a float32 autocast region, which CPU autocast declines with a warning
+pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")
 
 
 def _configs(family: str):
@@ -179,6 +183,41 @@ def test_patch_model_replaces_a_built_models_modules_and_keeps_its_outputs():
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
 
 
+def test_a_call_runs_exactly_posencs_rotation_and_reads_nothing_back():
+    """The wrapper adds no tensor work: the same aten operators as posenc's module called directly with the
+    promise torchtitan's bounds check makes, none of which copies a value to the host."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    rope = tt.PosencRoPE.Config(dim=16, max_seq_len=64, theta=5e5, scaling="llama", engine="torch").build()
+    q, k, pos = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.arange(8)[None].expand(2, -1)
+    rope(q, k, pos)                                     # the first call validates and plans; later ones reuse it
+    with Ops() as wrapped:
+        rope(q, k, pos)
+    with Ops() as direct:
+        rope.rope(q, k, positions=pos, seq_dim=1, assume_valid=True)
+    assert wrapped.ops == direct.ops and wrapped.ops
+    assert not {"_local_scalar_dense", "item", "is_nonzero", "equal"} & set(wrapped.ops), wrapped.ops
+
+
+@pytest.mark.slow
+def test_compiled_and_eager_calls_agree_bit_for_bit():
+    rope = tt.PosencRoPE.Config(dim=16, max_seq_len=64, theta=5e5, scaling="llama", engine="torch").build()
+    q, k, pos = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.arange(8)[None].expand(2, -1)
+    compiled = torch.compile(rope, fullgraph=True)
+    for positions in (pos, None):
+        for got, want in zip(compiled(q, k, positions), rope(q, k, positions), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_a_module_that_does_not_match_its_configuration_is_refused():
     """A torchtitan module whose cache was never initialised (a meta-device build moved with to_empty, no
     init_states) differs from its configuration: patch_model says so instead of replacing it silently."""
@@ -309,3 +348,62 @@ def _parallel_worker(rank, world):
 @pytest.mark.parametrize("world", [2])
 def test_torchtitans_context_parallel_shards_and_tensor_parallel_dtensors(world, tmp_path):
     assert run_ranks(_parallel_worker, world, tmp_path) == ["4"] * world
+
+
+def _tensor_parallel_worker(rank, world):
+    """torchtitan's own tensor parallelism (its ``parallelize`` with the partial-DTensor backend): the
+    attention's queries and keys reach the RoPE module as DTensors sharded over heads.  Two CPU-only
+    adjustments: torchtitan builds its meshes for CUDA when no accelerator is found (set to CPU here), and
+    DTensor's random-number tracker cannot seed a CPU mesh (the initial weights are then drawn per rank
+    from the same seed, which is all the comparison needs)."""
+    import torch.distributed.tensor._dispatch as dispatch
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    parallel_dims.device_type = "cpu"
+    dispatch.is_rng_supported_mesh = lambda mesh: False
+    dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, ep=1, world_size=world,
+                                      spmd_backend="partial_dtensor")
+    dims.build_mesh()
+    seen = []
+    rotate = tt._rotate_dtensors
+
+    def spy(rope, query, key, positions):
+        seen.append(tuple(query.placements))
+        return rotate(rope, query, key, positions)
+
+    tt._rotate_dtensors = spy
+    losses = {}
+    for name in ("torchtitan", "posenc"):
+        cfg = _tiny("llama3")
+        if name == "posenc":
+            tt.use_posenc_rope(cfg, engine="torch")
+        set_llama3_sharding_config(cfg, enable_sp=False)
+        with torch.device("meta"):
+            model = cfg.build()
+        model.parallelize(dims)
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        model.init_states(buffer_device=torch.device("cpu"))
+        g = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, 2048, (2, 65), generator=g)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses[name] = []
+        for _ in range(2):
+            logits = model(tokens[:, :-1], positions=torch.arange(64)[None].expand(2, -1))
+            logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    from torch.distributed.tensor import Shard
+
+    assert seen and all(p == (Shard(2),) for p in seen), seen       # DTensor queries, heads sharded
+    torch.testing.assert_close(torch.tensor(losses["posenc"]), torch.tensor(losses["torchtitan"]), rtol=1e-5, atol=0)
+    return len(seen)
+
+
+@pytest.mark.slow
+def test_torchtitans_tensor_parallel_llama_gives_its_losses_with_posencs_rope(tmp_path):
+    assert run_ranks(_tensor_parallel_worker, 2, tmp_path) == ["4", "4"]
