@@ -110,7 +110,8 @@ class PosencRoPE(Module):
 
     Positions are the ones torchtitan passes (the rank's shard under context parallelism, per-document
     positions for packed batches), promised to lie in ``[0, max_seq_len)`` as torchtitan's own bounds check
-    does, so no call reads anything back from the device.  DTensor queries and keys (tensor parallelism)
+    does, so no call reads anything back from the device; a position past the table still never reads
+    outside it (it raises, or gives NaN rows in the Triton kernel).  DTensor queries and keys (tensor parallelism)
     rotate shard by shard: the rotation acts on each head's features, so heads, batch and sequence may be
     sharded; a shard of the head features themselves is refused.  The tables are non-persistent buffers
     rebuilt by torchtitan's ``init_states`` after a meta-device build, as its own RoPE caches are.
