@@ -5,10 +5,6 @@ bidirectional) or over the heads, and must give the unsharded run's output and p
 
 from __future__ import annotations
 
-import os
-import time
-from datetime import timedelta
-
 import pytest
 import torch
 from torch import nn
@@ -22,6 +18,7 @@ from posenc.distributed import (
     shard_sequence,
     unshard_sequence,
 )
+from tests.processes import run_ranks
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
@@ -30,7 +27,6 @@ if not dist.is_available():
 ENCODINGS = ("sinusoidal", "learned", "rope-yarn", "rope-dynamic", "alibi", "t5")
 S, D_MODEL, HEADS, KV_HEADS, VOCAB = 16, 16, 4, 2, 32                 # grouped-query attention: 2 key heads
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
-TIME_LIMIT = 240                                                     # seconds for one group of processes
 
 
 # ---- the single-process pieces ------------------------------------------------------------------
@@ -249,54 +245,34 @@ def _run_tensor_parallel(rank, world, dtype, kind, causal):
         torch.testing.assert_close(part.weight.grad, ref_grads[3][:, heads], rtol=0, atol=tol)
 
 
-def _worker(rank, world, store, result_dir):
-    torch.set_num_threads(1)                                            # two cores for up to four processes
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    try:
-        done = 0
-        for dtype in (torch.float64, torch.float32):
-            for encoding in ENCODINGS:
-                for load_balance in ("contiguous", "zigzag"):
-                    for causal in (False, True):
-                        _run_context_parallel(rank, world, dtype, encoding, load_balance, causal)
-                        done += 1
-            for kind in ("alibi", "t5"):
+def _cp_runs(rank, world):
+    done = 0
+    for dtype in (torch.float64, torch.float32):
+        for encoding in ENCODINGS:
+            for load_balance in ("contiguous", "zigzag"):
                 for causal in (False, True):
-                    _run_tensor_parallel(rank, world, dtype, kind, causal)
+                    _run_context_parallel(rank, world, dtype, encoding, load_balance, causal)
                     done += 1
-        for encoding, causal in (("rope-dynamic", False), ("t5", True), ("learned", True)):   # padded to S
-            _run_context_parallel(rank, world, torch.float64, encoding, "zigzag", causal, real=S - 2)
-            done += 1
-        if world == 4:                                                  # two context-parallel groups of two
-            pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-            _run_context_parallel(rank % 2, 2, torch.float64, "rope-dynamic", "zigzag", True, group=pairs[rank // 2])
-            done += 1
-        _run_collectives(rank, world)
-        with open(os.path.join(result_dir, f"rank{rank}.done"), "w") as f:
-            f.write(str(done))
-    finally:
-        dist.destroy_process_group()
+        for kind in ("alibi", "t5"):
+            for causal in (False, True):
+                _run_tensor_parallel(rank, world, dtype, kind, causal)
+                done += 1
+    for encoding, causal in (("rope-dynamic", False), ("t5", True), ("learned", True)):   # padded to S
+        _run_context_parallel(rank, world, torch.float64, encoding, "zigzag", causal, real=S - 2)
+        done += 1
+    if world == 4:                                                  # two context-parallel groups of two
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        _run_context_parallel(rank % 2, 2, torch.float64, "rope-dynamic", "zigzag", True, group=pairs[rank // 2])
+        done += 1
+    _run_collectives(rank, world)
+    return done
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_runs_equal_the_unsharded_run(world, tmp_path):
-    mp = pytest.importorskip("torch.multiprocessing")
-    context = mp.start_processes(_worker, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + TIME_LIMIT
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world} processes did not finish within {TIME_LIMIT} s")
-    finally:
-        for p in context.processes:                                  # never leave a process behind
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
     runs = 2 * (len(ENCODINGS) * 4 + 4) + 3 + (world == 4)
-    assert [int((tmp_path / f"rank{r}.done").read_text()) for r in range(world)] == [runs] * world
+    assert run_ranks(_cp_runs, world, tmp_path) == [str(runs)] * world
 
 
 def test_context_parallel_in_one_process_equals_plain_attention(tmp_path):
@@ -356,35 +332,11 @@ def _run_disagreements(rank, world):
         dist.all_gather_object(messages, message)
         assert messages[0] == messages[1], messages
         assert expected in message, (expected, message)
-
-
-def _disagreement_worker(rank, world, store, result_dir):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    try:
-        _run_disagreements(rank, world)
-        with open(os.path.join(result_dir, f"rank{rank}.done"), "w") as f:
-            f.write("ok")
-    finally:
-        dist.destroy_process_group()
+    return "ok"
 
 
 def test_ranks_that_disagree_raise_one_error_on_every_rank(tmp_path):
-    mp = pytest.importorskip("torch.multiprocessing")
-    context = mp.start_processes(_disagreement_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + TIME_LIMIT
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the 2 processes did not finish within {TIME_LIMIT} s")
-    finally:
-        for p in context.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
-    assert [(tmp_path / f"rank{r}.done").read_text() for r in range(2)] == ["ok", "ok"]
+    assert run_ranks(_run_disagreements, 2, tmp_path) == ["ok", "ok"]
 
 
 def test_seq_len_past_the_gathered_length_is_refused(tmp_path):
