@@ -183,6 +183,38 @@ def test_patch_model_replaces_a_built_models_modules_and_keeps_its_outputs():
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("cls, layout", [(ComplexRoPE, "interleaved"), (CosSinRoPE, "half")])
+def test_bfloat16_outputs_are_torchtitans_to_one_rounding_and_nearer_the_exact_rotation(cls, layout):
+    """torchtitan rotates in float32 and rounds once to bfloat16, as posenc does; its float32 angles move a
+    few results across a rounding boundary.  Where the two differ (by one bfloat16 ulp at most), posenc's
+    result is the nearer one to the float64 rotation more often than not."""
+    cfg = cls.Config(dim=64, max_seq_len=2048, theta=5e5)
+    ours = tt.PosencRoPE.Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
+                                layout=layout).build()
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 2048, 4, 64, generator=g).bfloat16(), torch.randn(2, 2048, 2, 64, generator=g).bfloat16()
+    exact = ours.rope(q.double(), k.double(), seq_dim=1)
+
+    def ulp(x):                                                        # of bfloat16 (8 significant bits)
+        return torch.exp2(torch.floor(torch.log2(x.clamp_min(2.0 ** -126))) - 7)
+
+    def pair_norm(x):                                                  # |(x_a, x_b)| of each feature's pair
+        x = x.double()
+        if layout == "half":
+            a, b = x.chunk(2, -1)
+            n = (a * a + b * b).sqrt()
+            return torch.cat([n, n], -1)
+        return x.unflatten(-1, (-1, 2)).norm(dim=-1).repeat_interleave(2, -1)
+
+    for got, want, best, x in zip(ours(q, k), cfg.build()(q, k), exact, (q, k), strict=True):
+        assert got.dtype == want.dtype == torch.bfloat16
+        # one rounding of the result, plus one of the pair's scale (a small result of a large pair)
+        bound = ulp(torch.maximum(got.double().abs(), want.double().abs())) + ulp(pair_norm(x))
+        assert ((got.double() - want.double()).abs() <= bound).all()
+        ours_err, theirs_err = (got.double() - best).abs(), (want.double() - best).abs()
+        assert int((ours_err < theirs_err).sum()) > int((ours_err > theirs_err).sum())
+
+
 def test_a_call_runs_exactly_posencs_rotation_and_reads_nothing_back():
     """The wrapper adds no tensor work: the same aten operators as posenc's module called directly with the
     promise torchtitan's bounds check makes, none of which copies a value to the host."""
