@@ -115,22 +115,21 @@ def _check_documents(doc_lengths: object, seq_len: int, world_size: int, load_ba
     return tuple(out)
 
 
-def _order(seq_len: int, world_size: int, load_balance: str, docs: tuple[int, ...] | None) -> list[int]:
-    """The sequence's token indices in the order the ranks hold them: rank ``r`` holds entries
+def _order(seq_len: int, world_size: int, load_balance: str, docs: tuple[int, ...] | None) -> torch.Tensor:
+    """The sequence's token indices ``(S,)`` in the order the ranks hold them: rank ``r`` holds entries
     ``r * S / W .. (r + 1) * S / W - 1`` (what torch's load balancers produce before the even split)."""
     if load_balance == "contiguous":
-        return list(range(seq_len))
-    chunks = 2 * world_size
+        return torch.arange(seq_len)
+    ranks = torch.arange(world_size)
+    chunk_ids = torch.stack([ranks, 2 * world_size - 1 - ranks], 1).reshape(-1)    # chunks r, 2W - 1 - r by rank
     docs = docs or ()
     # zigzag: one cut of the whole sequence; per_document: each document's own cut
     pieces = [(0, seq_len)] if load_balance == "zigzag" else list(zip(_starts(docs), docs, strict=True))
-    order: list[int] = []
+    parts = []
     for start, length in pieces:
-        size = length // chunks
-        for r in range(world_size):
-            for c in (r, chunks - 1 - r):
-                order.extend(range(start + c * size, start + (c + 1) * size))
-    return order
+        size = length // (2 * world_size)
+        parts.append((start + chunk_ids[:, None] * size + torch.arange(size)).reshape(-1))
+    return torch.cat(parts)
 
 
 def _layout(seq_len: object, rank: object, world_size: object, load_balance: object, doc_lengths: object,
@@ -148,7 +147,7 @@ def _rank_indices(seq_len: int, rank: int, world_size: int, load_balance: str, d
     local = seq_len // world_size
     rows = [None] if docs is None or load_balance != "per_document" else list(docs)
     picked = [_order(seq_len, world_size, load_balance, row)[rank * local:(rank + 1) * local] for row in rows]
-    index = torch.tensor(picked, dtype=torch.int64, device=device).reshape(len(picked), local)
+    index = torch.stack(picked).to(device)
     if docs is not None and len(docs) > 1:
         return index.expand(len(docs), local).contiguous()
     return index[0]
@@ -220,8 +219,9 @@ def shard_positions(seq_len: int, rank: int, world_size: int, *, load_balance: s
     index = _rank_indices(seq_len, rank, world_size, load_balance, docs, device)
     if docs is None:
         return index
-    within = torch.tensor([[i - start for start, n in zip(_starts(row), row, strict=True) for i in
-                            range(start, start + n)] for row in docs], dtype=torch.int64, device=device)
+    # each token's position inside its document: its index minus where its document starts
+    within = torch.stack([torch.arange(seq_len) - torch.tensor(_starts(row)).repeat_interleave(torch.tensor(row))
+                          for row in docs]).to(device)
     if len(docs) == 1:
         return within[0].index_select(0, index)
     return within.gather(1, index)
@@ -303,8 +303,8 @@ def check_shard_positions(positions: torch.Tensor, seq_len: int, *, load_balance
     (torch's ``context_parallel`` cuts contiguous blocks when the length is not a multiple of ``2W``, a
     per-document balancer cuts documents, a rank may use another rank's index).  On a mismatch every rank
     raises ``ValueError`` (its own finding on the faulty ranks, naming them on the others) instead of
-    training on shifted positions.  One all-gather of two integers and one device-to-host read: a check
-    for the first steps or a test, not for every step.
+    training on shifted positions.  One all-gather of two integers and a few reads from the device: a
+    check for the first steps or a test, not for every step.
 
     Args:
         positions: this rank's positions, ``(S / W,)`` or ``(B, S / W)`` (``(1, S / W)`` too).
@@ -360,6 +360,7 @@ def _positions_problem(positions: torch.Tensor, want: torch.Tensor, rank: int, w
         return None
     b, i = diff[0].tolist()
     row = want[b] if want.dim() == 2 else want
+    rows = rows[min(b, rows.shape[0] - 1)][None].expand(b + 1, -1)          # a (1, n) row compared with B rows
     hint = (" (torch's context_parallel cuts contiguous blocks when seq_len is not a multiple of 2W)"
             if load_balance == "zigzag" else "")
     at = f"{b}, {i}" if positions.dim() == 2 else f"{i}"
