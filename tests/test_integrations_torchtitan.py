@@ -313,7 +313,17 @@ def test_bad_inputs_are_refused_with_the_reason():
         tt.use_posenc_rope(cfg, fqns=["nothing"])
     with pytest.raises(ValueError, match="holds no torchtitan RoPE module"):
         tt.patch_model(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        tt.PosencRoPE.Config(dim=8, max_seq_len=8, layout="neox").build()
+    with pytest.raises(TypeError, match="verify must be a bool"):
+        tt.PosencRoPE.Config(dim=8, max_seq_len=8, verify="yes").build()
+    with pytest.raises(ValueError, match="engine must be one of"):
+        tt.PosencRoPE.Config(dim=8, max_seq_len=8, engine="cuda").build()
+    with pytest.raises(ValueError, match=r"dim \(the rotary dim\) must be even"):
+        tt.PosencRoPE.Config(dim=7, max_seq_len=8).build()
     rope = tt.PosencRoPE.Config(dim=8, max_seq_len=8).build()
+    with pytest.raises(TypeError, match="plain tensor while the other is a DTensor"):
+        tt._rotate_dtensors(rope.rope, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), None)
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 8\)"):
         rope(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8), torch.tensor([[7, 8]]))
 
