@@ -54,7 +54,7 @@ __all__ = [
 #: packed document, in the order of torch's per-document head-tail balancer).
 LOAD_BALANCE = ("zigzag", "contiguous", "per_document")
 
-Documents = tuple[tuple[int, ...], ...]
+_Documents = tuple[tuple[int, ...], ...]
 
 
 def _check_layout(seq_len: object, world_size: object, load_balance: object) -> tuple[int, int, int]:
@@ -72,7 +72,7 @@ def _check_layout(seq_len: object, world_size: object, load_balance: object) -> 
     return seq_len, world_size, chunks
 
 
-def _check_documents(doc_lengths: object, seq_len: int, world_size: int, load_balance: str) -> Documents | None:
+def _check_documents(doc_lengths: object, seq_len: int, world_size: int, load_balance: str) -> _Documents | None:
     """``doc_lengths`` as one tuple of lengths per batch row (a flat list is one row for every batch row), or
     None; every row must add up to ``seq_len``, and under ``"per_document"`` every document must split into
     ``2 * world_size`` chunks."""
@@ -133,7 +133,7 @@ def _order(seq_len: int, world_size: int, load_balance: str, docs: tuple[int, ..
 
 
 def _layout(seq_len: object, rank: object, world_size: object, load_balance: object, doc_lengths: object,
-            ) -> tuple[int, int, int, str, Documents | None]:
+            ) -> tuple[int, int, int, str, _Documents | None]:
     seq_len, world_size, _ = _check_layout(seq_len, world_size, load_balance)
     rank = _validate.check_int("rank", rank, minimum=0)
     if rank >= world_size:
@@ -142,7 +142,7 @@ def _layout(seq_len: object, rank: object, world_size: object, load_balance: obj
     return seq_len, rank, world_size, str(load_balance), docs
 
 
-def _rank_indices(seq_len: int, rank: int, world_size: int, load_balance: str, docs: Documents | None,
+def _rank_indices(seq_len: int, rank: int, world_size: int, load_balance: str, docs: _Documents | None,
                   device: torch.device | str | None) -> torch.Tensor:
     local = seq_len // world_size
     rows = [None] if docs is None or load_balance != "per_document" else list(docs)
@@ -232,7 +232,7 @@ def _starts(row: tuple[int, ...]) -> list[int]:
     return [0, *itertools.accumulate(row)][:len(row)]
 
 
-def _gathered_order(seq_len: int, world_size: int, load_balance: str, docs: Documents | None) -> torch.Tensor:
+def _gathered_order(seq_len: int, world_size: int, load_balance: str, docs: _Documents | None) -> torch.Tensor:
     """Global indices of the rank-ordered concatenation of every rank's shard: ``(S,)``, or ``(B, S)`` for
     per-row documents."""
     return torch.cat([_rank_indices(seq_len, r, world_size, load_balance, docs, None) for r in range(world_size)],
