@@ -248,7 +248,8 @@ def _replacement(config: Any, engine: str) -> PosencRoPE.Config:
 def use_posenc_rope(model_config: Any, *, engine: str = "auto", fqns: list[str] | None = None) -> list[str]:
     """Replace, in place, every torchtitan rotary configuration (``ComplexRoPE.Config``, ``CosSinRoPE.Config``)
     of ``model_config`` with a :class:`PosencRoPE` configuration of the same fields (each module is checked
-    against the one torchtitan would have built when the model is built); returns the replaced modules' names (``"layers.0.attention.rope"``, ...).
+    against the one torchtitan would have built when the model is built); returns the replaced modules'
+    names (``"layers.0.attention.rope"``, ...).
 
     Call it before ``model_config.build()`` (or let torchtitan call the overrides
     :func:`posenc_complex_rope` and :func:`posenc_cos_sin_rope`).  ``fqns`` restricts the swap to those
