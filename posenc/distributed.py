@@ -142,15 +142,21 @@ def _layout(seq_len: object, rank: object, world_size: object, load_balance: obj
     return seq_len, rank, world_size, str(load_balance), docs
 
 
+def _orders(seq_len: int, world_size: int, load_balance: str, docs: _Documents | None) -> torch.Tensor:
+    """:func:`_order` of the sequence: ``(S,)`` when every batch row shares it, ``(B, S)`` for one
+    ``doc_lengths`` list per row.  It is also the rank-ordered concatenation of every rank's shard."""
+    if docs is None or len(docs) == 1:
+        return _order(seq_len, world_size, load_balance, None if docs is None else docs[0])
+    if load_balance != "per_document":                  # the cut ignores the documents: one order for all rows
+        return _order(seq_len, world_size, load_balance, None).expand(len(docs), seq_len)
+    return torch.stack([_order(seq_len, world_size, load_balance, row) for row in docs])
+
+
 def _rank_indices(seq_len: int, rank: int, world_size: int, load_balance: str, docs: _Documents | None,
                   device: torch.device | str | None) -> torch.Tensor:
     local = seq_len // world_size
-    rows = [None] if docs is None or load_balance != "per_document" else list(docs)
-    picked = [_order(seq_len, world_size, load_balance, row)[rank * local:(rank + 1) * local] for row in rows]
-    index = torch.stack(picked).to(device)
-    if docs is not None and len(docs) > 1:
-        return index.expand(len(docs), local).contiguous()
-    return index[0]
+    return _orders(seq_len, world_size, load_balance, docs)[..., rank * local:(rank + 1) * local].contiguous().to(
+        device)
 
 
 def shard_indices(seq_len: int, rank: int, world_size: int, *, load_balance: str = "zigzag",
@@ -232,13 +238,6 @@ def _starts(row: tuple[int, ...]) -> list[int]:
     return [0, *itertools.accumulate(row)][:len(row)]
 
 
-def _gathered_order(seq_len: int, world_size: int, load_balance: str, docs: _Documents | None) -> torch.Tensor:
-    """Global indices of the rank-ordered concatenation of every rank's shard: ``(S,)``, or ``(B, S)`` for
-    per-row documents."""
-    return torch.cat([_rank_indices(seq_len, r, world_size, load_balance, docs, None) for r in range(world_size)],
-                     -1)
-
-
 def _take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     """``x``'s entries at ``index`` along ``dim``: one index for every batch row, or ``(B, n)`` per row
     (batch axis 0)."""
@@ -288,7 +287,7 @@ def unshard_sequence(shards: list[torch.Tensor] | tuple[torch.Tensor, ...], *, d
     world_size = len(shards)
     seq_len, _, world_size, load_balance, docs = _layout(world_size * shards[0].shape[dim], 0, world_size,
                                                          load_balance, doc_lengths)
-    order = _gathered_order(seq_len, world_size, load_balance, docs).to(shards[0].device)
+    order = _orders(seq_len, world_size, load_balance, docs).to(shards[0].device)
     inverse = torch.argsort(order, dim=-1)                                  # gathered index of each position
     return _take(torch.cat(list(shards), dim), dim, inverse)
 
@@ -360,11 +359,11 @@ def _positions_problem(positions: torch.Tensor, want: torch.Tensor, rank: int, w
         return None
     b, i = diff[0].tolist()
     row = want[b] if want.dim() == 2 else want
-    rows = rows[min(b, rows.shape[0] - 1)][None].expand(b + 1, -1)          # a (1, n) row compared with B rows
+    got = int(rows[min(b, rows.shape[0] - 1), i])                          # a (1, n) row compared with B rows
     hint = (" (torch's context_parallel cuts contiguous blocks when seq_len is not a multiple of 2W)"
             if load_balance == "zigzag" else "")
     at = f"{b}, {i}" if positions.dim() == 2 else f"{i}"
-    return ValueError(f"rank {rank}: positions[{at}] = {int(rows[b, i])} where the {load_balance} layout puts "
+    return ValueError(f"rank {rank}: positions[{at}] = {got} where the {load_balance} layout puts "
                       f"{int(row[i])}; {int(diff.shape[0])} of {rows.numel()} positions differ{hint}; pass the "
                       f"positions among the buffers torch shards, or compute them with shard_positions for the "
                       f"layout the inputs were sharded with")

@@ -54,6 +54,11 @@ def _rope_configs():
 ROPE_CONFIGS = _rope_configs()
 
 
+def _ours(cfg):
+    """The PosencRoPE configuration standing for a torchtitan RoPE configuration (what the overrides give)."""
+    return tt._replacement(cfg, "auto")
+
+
 @pytest.mark.slow
 def test_every_registered_configuration_is_read_and_checked_against_torchtitans_module():
     """Building a PosencRoPE runs the check against torchtitan's module built from the same configuration;
@@ -65,8 +70,7 @@ def test_every_registered_configuration_is_read_and_checked_against_torchtitans_
             ("CosSinRoPE.Config", "yarn", False), ("CosSinRoPE.Config", "none", True)} <= kinds, kinds
     for name, cfg in ROPE_CONFIGS:
         small = dataclasses.replace(cfg, max_seq_len=min(cfg.max_seq_len, 1 << 15))
-        new = tt.PosencRoPE.Config(**{f.name: getattr(small, f.name) for f in dataclasses.fields(small)},
-                                   layout="interleaved" if isinstance(cfg, ComplexRoPE.Config) else "half").build()
+        new = _ours(small).build()
         ref = small.build()
         pos = torch.tensor([[0, 1, 2, 17, 1000, small.max_seq_len - 1]])
         q = torch.rand(1, 6, 2, cfg.dim) * 2 - 1
@@ -189,8 +193,7 @@ def test_bfloat16_outputs_are_torchtitans_to_one_rounding_and_nearer_the_exact_r
     few results across a rounding boundary.  Where the two differ (by one bfloat16 ulp at most), posenc's
     result is the nearer one to the float64 rotation more often than not."""
     cfg = cls.Config(dim=64, max_seq_len=2048, theta=5e5)
-    ours = tt.PosencRoPE.Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
-                                layout=layout).build()
+    ours = _ours(cfg).build()
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 2048, 4, 64, generator=g).bfloat16(), torch.randn(2, 2048, 2, 64, generator=g).bfloat16()
     exact = ours.rope(q.double(), k.double(), seq_dim=1)
@@ -272,7 +275,7 @@ def test_a_misread_configuration_is_caught_at_construction(monkeypatch):
     monkeypatch.setattr(tt, "_VERIFIED", set())
     cfg = ComplexRoPE.Config(dim=16, max_seq_len=20000, theta=500000.0, scaling="llama")
     with pytest.raises(ValueError, match=r"does not reproduce torchtitan's ComplexRoPE .* scaling='llama'.* differs at position \d+"):
-        tt.PosencRoPE.Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}).build()
+        _ours(cfg).build()
 
 
 def test_overrides_are_registered_and_derive_the_configuration():
@@ -340,7 +343,7 @@ def _parallel_worker(rank, world):
     cfg = ComplexRoPE.Config(dim=16, max_seq_len=128, theta=500000.0, scaling="llama",
                              original_max_position_embeddings=32)
     ref = cfg.build()
-    ours = tt.PosencRoPE.Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}).build()
+    ours = _ours(cfg).build()
     g = torch.Generator().manual_seed(0)
     S = 16 * world
     q, k = torch.randn(2, S, 4, 16, generator=g), torch.randn(2, S, 2, 16, generator=g)

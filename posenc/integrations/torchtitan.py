@@ -30,6 +30,7 @@ from torch import nn
 
 from posenc import _validate
 from posenc.core.rope import Llama3Scaling, RopeScaling, YarnScaling
+from posenc.integrations.transformers._common import _ULP
 from posenc.nn.rotary import RotaryEmbedding
 
 try:
@@ -48,7 +49,6 @@ __all__ = ["PosencRoPE", "patch_model", "posenc_complex_rope", "posenc_cos_sin_r
 #: torchtitan's rotary classes and the pair layout each rotates with: ``ComplexRoPE`` multiplies adjacent
 #: features as complex numbers (pairs ``2i, 2i + 1``), ``CosSinRoPE`` rotates halves (pairs ``i, i + dim/2``).
 _LAYOUTS: dict[type, str] = {ComplexRoPE.Config: "interleaved", CosSinRoPE.Config: "half"}
-_ULP = 2.0 ** -24
 _VERIFIED: set[tuple] = set()                                     # configurations already checked
 
 
@@ -133,10 +133,10 @@ class PosencRoPE(Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(query, DTensor) or isinstance(key, DTensor):
-            return _rotate_dtensors(self.rope, query, key, positions)
         if isinstance(positions, DTensor):
             positions = positions.to_local()
+        if isinstance(query, DTensor) or isinstance(key, DTensor):
+            return _rotate_dtensors(self.rope, query, key, positions)
         return self.rope(query, key, positions=positions, seq_dim=1, assume_valid=positions is not None)
 
     def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
@@ -154,8 +154,10 @@ def _twin_config(config: Any) -> Any:
     return derive(config, target)
 
 
-def _rotate_dtensors(rope: RotaryEmbedding, query: Any, key: Any, positions: Any) -> tuple[Any, Any]:
-    """Rotate the local shards of DTensor queries and keys and wrap them back with the same placements."""
+def _rotate_dtensors(rope: RotaryEmbedding, query: Any, key: Any, positions: torch.Tensor | None,
+                     ) -> tuple[Any, Any]:
+    """Rotate the local shards of DTensor queries and keys (at local ``positions``) and wrap them back with the
+    same placements."""
     for name, t in (("query", query), ("key", key)):
         if not isinstance(t, DTensor):
             raise TypeError(f"PosencRoPE: {name} is a plain tensor while the other is a DTensor; pass both as "
@@ -164,8 +166,6 @@ def _rotate_dtensors(rope: RotaryEmbedding, query: Any, key: Any, positions: Any
             if isinstance(p, Shard) and p.dim % t.ndim == t.ndim - 1:
                 raise ValueError(f"PosencRoPE: {name} is sharded over its head features ({t.placements}); a rotation "
                                  f"mixes features of one head, so shard heads, batch or sequence instead")
-    if isinstance(positions, DTensor):
-        positions = positions.to_local()
     q, k = rope(query.to_local(), key.to_local(), positions=positions, seq_dim=1, assume_valid=positions is not None)
     wrap = [DTensor.from_local(out, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
             for out, t in ((q, query), (k, key))]
